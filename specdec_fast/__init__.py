@@ -1,0 +1,31 @@
+"""specdec_fast: lossless speculative decoding for PyTorch causal LMs."""
+
+from .cached_lm import CachedLM, HFCachedLM, as_cached_lm
+from .decoder import SpeculativeDecoder
+from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive
+from .ops import DraftStepOutput, VerifyOutput, draft_step, verify
+from .policy import DraftPolicy, FixedDraftLength
+from .sampling import SamplingParams, warp_logits
+from .smollm2 import load_smollm2
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CachedLM",
+    "DraftPolicy",
+    "DraftStepOutput",
+    "FixedDraftLength",
+    "GenerationOutput",
+    "GenerationStats",
+    "HFCachedLM",
+    "SamplingParams",
+    "SpeculativeDecoder",
+    "VerifyOutput",
+    "as_cached_lm",
+    "draft_step",
+    "fast_generate",
+    "generate_autoregressive",
+    "load_smollm2",
+    "verify",
+    "warp_logits",
+]

@@ -1,0 +1,96 @@
+"""A causal LM with its own KV cache: the only interface the decoding loop needs.
+
+Any model can join the loop by implementing :class:`CachedLM` (four members);
+transformers causal LMs are wrapped by :class:`HFCachedLM`. One object holds the cache
+of one sequence. Rolling back after a rejection is ``crop``: the rejected positions are
+dropped, nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@runtime_checkable
+class CachedLM(Protocol):
+    """Minimal protocol for a KV-cached causal LM of one sequence.
+
+    vocab_size: V, the size of the logits' last dimension.
+    max_length: the longest sequence the model supports (None if unbounded).
+    cache_length: tokens currently held in the cache.
+    reset(): empty the cache.
+    extend(tokens [n] int64, num_logits): append ``tokens`` to the cache and return the
+        logits [num_logits, V] of the last ``num_logits`` of them (1 <= num_logits <= n);
+        row i predicts the token after tokens[n - num_logits + i].
+    crop(length): keep the first ``length`` cached tokens, drop the rest.
+    """
+
+    vocab_size: int
+    max_length: int | None
+
+    @property
+    def cache_length(self) -> int: ...
+
+    def reset(self) -> None: ...
+
+    def extend(self, tokens: Tensor, num_logits: int) -> Tensor: ...
+
+    def crop(self, length: int) -> None: ...
+
+
+class HFCachedLM:
+    """:class:`CachedLM` over a transformers causal LM with a ``DynamicCache`` (batch of one)."""
+
+    def __init__(self, model: torch.nn.Module):
+        from transformers import DynamicCache
+
+        self.model = model.eval()
+        config = model.config
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.max_length = getattr(config, "max_position_embeddings", None)
+        self.device = next(model.parameters()).device
+        self._new_cache = lambda: DynamicCache(config=config)
+        self.cache = self._new_cache()
+        # transformers renamed `past_key_values` to `cache` (5.2x); accept either.
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = self._new_cache()
+
+    @torch.inference_mode()
+    def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
+        out = self.model(
+            input_ids=tokens.to(self.device)[None],
+            use_cache=True,
+            logits_to_keep=num_logits,
+            **{self._cache_arg: self.cache},
+        )
+        return out.logits[0]
+
+    def crop(self, length: int) -> None:
+        drop = self.cache_length - length
+        if drop < 0:
+            raise ValueError(f"cannot crop a cache of {self.cache_length} tokens to {length}")
+        if drop:
+            self.cache.crop(-drop)
+
+
+def as_cached_lm(model) -> CachedLM:
+    """Return ``model`` if it already implements :class:`CachedLM`, else wrap a transformers model."""
+    if isinstance(model, CachedLM):
+        return model
+    if hasattr(model, "config") and hasattr(model, "get_output_embeddings"):
+        return HFCachedLM(model)
+    raise TypeError(
+        f"{type(model).__name__} is neither a transformers causal LM nor a CachedLM "
+        "(vocab_size, max_length, cache_length, reset(), extend(tokens, num_logits), crop(length))"
+    )

@@ -1,0 +1,329 @@
+"""The decoding loops: speculative (``fast_generate``) and its autoregressive baseline.
+
+Both keep a real KV cache per model. Invariant of the speculative loop: before a round,
+with n committed tokens, the target's cache holds the first n - 1 of them; the round
+feeds [last committed token, X_1..X_k] to the target in one pass, verifies, and crops
+both caches back to the longest prefix that is still valid.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .cached_lm import CachedLM, as_cached_lm
+from .ops import draft_step, verify
+from .policy import DraftPolicy, FixedDraftLength
+from .sampling import SamplingParams, draw_uniforms
+
+
+@dataclass
+class GenerationStats:
+    """Counters of one generation. Rates are derived properties.
+
+    target_calls and draft_calls count forward passes (prefill included); a round is one
+    draft phase plus one verification pass of the target.
+    """
+
+    prompt_tokens: int
+    new_tokens: int = 0
+    rounds: int = 0
+    target_calls: int = 0
+    draft_calls: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    drafted_at: list[int] = field(default_factory=list)  # per draft position: rounds that drafted it
+    accepted_at: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
+    prefill_s: float = 0.0
+    wall_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0 if nothing was drafted)."""
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification pass of the target (prefill excluded)."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """P(draft position i accepted | position i drafted), i = 0..max drafted - 1."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        """New tokens / wall time (prefill included)."""
+        return self.new_tokens / self.wall_s if self.wall_s else 0.0
+
+    def record_round(self, drafted: int, accepted: int, emitted: int) -> None:
+        self.rounds += 1
+        self.target_calls += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        self.new_tokens += emitted
+        grow = drafted - len(self.drafted_at)
+        if grow > 0:
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < accepted
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("acceptance_rate", "mean_accepted_length", "per_position_acceptance", "tokens_per_second"):
+            d[name] = getattr(self, name)
+        return d
+
+    def summary(self) -> str:
+        pos = " ".join(f"{a:.2f}" for a in self.per_position_acceptance)
+        return (
+            f"{self.new_tokens} tokens in {self.wall_s:.2f} s ({self.tokens_per_second:.1f} tok/s) | "
+            f"rounds {self.rounds}, target calls {self.target_calls}, draft calls {self.draft_calls} | "
+            f"acceptance {self.acceptance_rate:.3f} ({self.accepted}/{self.drafted}), "
+            f"mean accepted length {self.mean_accepted_length:.2f} | per position [{pos}]"
+        )
+
+
+@dataclass
+class GenerationOutput:
+    """tokens: the new tokens (prompt excluded); text: their decoding if a tokenizer was given."""
+
+    tokens: list[int]
+    text: str | None
+    stats: GenerationStats
+
+
+def prompt_ids(input_ids: Tensor | Sequence[int] | None, prompt: str | None, tokenizer) -> Tensor:
+    """The prompt as an int64 tensor [S] from ``input_ids`` ([S] or [1, S]) or ``prompt`` + ``tokenizer``."""
+    if (input_ids is None) == (prompt is None):
+        raise ValueError("pass exactly one of input_ids or prompt")
+    if prompt is not None:
+        if tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer")
+        input_ids = tokenizer(prompt).input_ids
+    ids = torch.as_tensor(input_ids, dtype=torch.int64)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1:
+        raise ValueError(f"input_ids must have shape [S] or [1, S], got {list(ids.shape)}")
+    if ids.numel() == 0:
+        raise ValueError("empty prompt: at least one token is needed to condition on")
+    return ids
+
+
+def eos_ids(eos_token_id: int | Sequence[int] | None, model, tokenizer) -> set[int]:
+    """End-of-sequence ids: ``eos_token_id`` if given (``()`` disables stopping), else the
+    model's generation config, else the tokenizer's."""
+    if eos_token_id is None:
+        config = getattr(model, "generation_config", None)
+        eos_token_id = getattr(config, "eos_token_id", None)
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = tokenizer.eos_token_id
+    if eos_token_id is None:
+        return set()
+    return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(e) for e in eos_token_id}
+
+
+def _check_budget(ids: Tensor, max_new_tokens: int, lms: Sequence[CachedLM]) -> None:
+    if int(max_new_tokens) != max_new_tokens or max_new_tokens <= 0:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
+    for lm in lms:
+        if ids.max() >= lm.vocab_size or ids.min() < 0:
+            raise ValueError(f"prompt has token ids outside [0, {lm.vocab_size})")
+        if lm.max_length is not None and len(ids) + max_new_tokens > lm.max_length:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds the "
+                f"model's context of {lm.max_length} tokens"
+            )
+
+
+def _catch_up(lm: CachedLM, ids: Tensor, n: int) -> Tensor:
+    """Feed the committed tokens ids[cache_length:n] (at least one) and return the next-token logits [V]."""
+    return lm.extend(ids[lm.cache_length : n], 1)[-1]
+
+
+def _decode(tokenizer, tokens: list[int]) -> str | None:
+    return tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else None
+
+
+def _first_eos(tokens: list[int], eos: set[int]) -> int:
+    """Number of tokens to keep: up to and including the first EOS."""
+    for i, t in enumerate(tokens):
+        if t in eos:
+            return i + 1
+    return len(tokens)
+
+
+def fast_generate(
+    target,
+    draft,
+    input_ids: Tensor | Sequence[int] | None = None,
+    *,
+    prompt: str | None = None,
+    tokenizer=None,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    num_draft_tokens: int = 4,
+    policy: DraftPolicy | None = None,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    streamer=None,
+) -> GenerationOutput:
+    """Speculative decoding of one sequence; the output follows the target's distribution exactly.
+
+    Args:
+        target, draft: transformers causal LMs or :class:`~specdec_fast.cached_lm.CachedLM`
+            objects with the same vocabulary, on the same device.
+        input_ids: the prompt, [S] or [1, S]; or ``prompt`` text with its ``tokenizer``.
+        temperature, top_k, top_p: sampling; temperature 0 is greedy (then the output equals
+            the target's own greedy decoding).
+        num_draft_tokens: draft length per round, unless ``policy`` chooses it.
+        seed: seeds the generator of all randomness (draft sampling and verification).
+        eos_token_id: stop after this token (int or several); None takes the target's
+            generation config or the tokenizer's; ``()`` never stops early.
+        streamer: a transformers streamer (``put``/``end``, e.g. ``TextStreamer``); it gets
+            the prompt, then each round's new tokens.
+
+    Returns:
+        GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.
+    """
+    target_lm, draft_lm = as_cached_lm(target), as_cached_lm(draft)
+    if target_lm.vocab_size != draft_lm.vocab_size:
+        raise ValueError(f"vocabulary mismatch: target has {target_lm.vocab_size} logits, draft has {draft_lm.vocab_size}")
+    params = SamplingParams(temperature, top_k, top_p)
+    policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
+    eos = eos_ids(eos_token_id, target, tokenizer)
+    prompt_tensor = prompt_ids(input_ids, prompt, tokenizer)
+    _check_budget(prompt_tensor, max_new_tokens, (target_lm, draft_lm))
+    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+    sampling = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+
+    start = time.perf_counter()
+    prompt_len = len(prompt_tensor)
+    ids = torch.zeros(prompt_len + max_new_tokens, dtype=torch.int64)  # committed tokens
+    ids[:prompt_len] = prompt_tensor
+    n = prompt_len
+    stats = GenerationStats(prompt_tokens=prompt_len)
+    target_lm.reset()
+    draft_lm.reset()
+    if prompt_len > 1:  # the target's cache holds all committed tokens but the last
+        target_lm.extend(ids[: n - 1], 1)
+        stats.target_calls += 1
+    stats.prefill_s = time.perf_counter() - start
+    if streamer is not None:
+        streamer.put(prompt_tensor)
+
+    while n < prompt_len + max_new_tokens:
+        remaining = prompt_len + max_new_tokens - n
+        k_max = min(policy.max_draft_tokens(), remaining - 1)
+        u_draft = draw_uniforms(1, k_max, generator)
+        u_verify = draw_uniforms(1, k_max + 1, generator)
+
+        # Draft: X_i ~ q_i, one draft pass per token (the first pass also catches up on
+        # committed tokens the draft has not seen).
+        tokens, probs = [], []
+        if k_max > 0:
+            logits = _catch_up(draft_lm, ids, n)
+            stats.draft_calls += 1
+            for i in range(k_max):
+                step = draft_step(logits[None], **sampling, uniforms=u_draft[:, i])
+                tokens.append(step.tokens)
+                probs.append(step.probs)
+                if i + 1 == k_max or int(step.tokens) in eos or not policy.continue_drafting(i, step):
+                    break
+                logits = draft_lm.extend(step.tokens, 1)[-1]
+                stats.draft_calls += 1
+        k = len(tokens)
+
+        # Verify: one target pass over [last committed, X_1..X_k] gives p_1..p_{k+1}.
+        draft_tokens = torch.cat(tokens) if k else torch.zeros(0, dtype=torch.int64)
+        target_logits = target_lm.extend(torch.cat([ids[target_lm.cache_length : n], draft_tokens]), k + 1)
+        vocab = target_logits.shape[-1]
+        q = torch.stack(probs, dim=1) if k else torch.zeros(1, 0, vocab)
+        out = verify(
+            target_logits[None], q.to(target_logits.device), draft_tokens[None].to(target_logits.device),
+            **sampling, uniforms=u_verify[:, : k + 1],
+        )
+        accepted = int(out.num_accepted)
+        emitted = out.tokens[0, : accepted + 1].tolist()  # the round's one host sync
+        emitted = emitted[: _first_eos(emitted, eos)]
+
+        # Roll back: both caches keep only the prefix shared with the new committed sequence.
+        for lm in (target_lm, draft_lm):
+            lm.crop(min(lm.cache_length, n + accepted))
+        ids[n : n + len(emitted)] = torch.tensor(emitted)
+        n += len(emitted)
+        stats.record_round(k, accepted, len(emitted))
+        policy.observe(k, accepted)
+        if streamer is not None:
+            streamer.put(torch.tensor(emitted))
+        if emitted[-1] in eos:
+            break
+
+    stats.wall_s = time.perf_counter() - start
+    if streamer is not None:
+        streamer.end()
+    new = ids[prompt_len:n].tolist()
+    return GenerationOutput(new, _decode(tokenizer, new), stats)
+
+
+def generate_autoregressive(
+    model,
+    input_ids: Tensor | Sequence[int] | None = None,
+    *,
+    prompt: str | None = None,
+    tokenizer=None,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    streamer=None,
+) -> GenerationOutput:
+    """The baseline: one KV-cached target pass per token, sampled exactly as ``fast_generate`` samples.
+
+    Same arguments and return type as :func:`fast_generate`, without the draft.
+    """
+    lm = as_cached_lm(model)
+    params = SamplingParams(temperature, top_k, top_p)
+    eos = eos_ids(eos_token_id, model, tokenizer)
+    ids = prompt_ids(input_ids, prompt, tokenizer)
+    _check_budget(ids, max_new_tokens, (lm,))
+    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+
+    start = time.perf_counter()
+    stats = GenerationStats(prompt_tokens=len(ids))
+    lm.reset()
+    logits = lm.extend(ids, 1)[-1]
+    stats.target_calls += 1
+    stats.prefill_s = time.perf_counter() - start
+    if streamer is not None:
+        streamer.put(ids)
+    new: list[int] = []
+    while True:
+        u = draw_uniforms(1, 1, generator)[:, 0]
+        step = draft_step(logits[None], temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, uniforms=u)
+        token = int(step.tokens)
+        new.append(token)
+        if streamer is not None:
+            streamer.put(step.tokens)
+        stats.rounds += 1
+        stats.new_tokens += 1
+        if len(new) == max_new_tokens or token in eos:
+            break
+        logits = lm.extend(step.tokens, 1)[-1]
+        stats.target_calls += 1
+    stats.wall_s = time.perf_counter() - start
+    if streamer is not None:
+        streamer.end()
+    return GenerationOutput(new, _decode(tokenizer, new), stats)

@@ -1,0 +1,182 @@
+"""Public verification ops: input checks, randomness, and the call into a backend.
+
+Inputs are checked once here, so backends can assume well-formed tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .reference import draft_step_reference, verify_reference
+from .reference.draft_step import DraftStepOutput
+from .reference.verify import VerifyOutput
+from .sampling import Generators, SamplingParams, draw_uniforms
+
+BACKENDS = ("torch",)
+
+
+def _sampling_tensors(temperature, top_k, top_p, batch: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Scalars or per-row tensors/sequences -> checked per-row tensors (fp32 [B], int64 [B], fp32 [B])."""
+
+    def per_row(value, dtype, name):
+        t = torch.as_tensor(value, dtype=dtype, device=device)
+        if t.dim() == 0:
+            t = t.expand(batch)
+        if t.shape != (batch,):
+            raise ValueError(f"{name} must be a scalar or have shape [B] = [{batch}], got {tuple(t.shape)}")
+        return t
+
+    t = per_row(temperature, torch.float32, "temperature")
+    k = per_row(top_k, torch.int64, "top_k")
+    p = per_row(top_p, torch.float32, "top_p")
+    if not bool(((t >= 0) & torch.isfinite(t)).all()):
+        raise ValueError("temperature must be finite and >= 0 (0 means greedy)")
+    if bool((k < 0).any()):
+        raise ValueError("top_k must be >= 0 (0 disables it)")
+    if not bool(((p > 0) & (p <= 1)).all()):
+        raise ValueError("top_p must be in (0, 1] (1 disables it)")
+    return t, k, p
+
+
+def _check_logits(x: Tensor, name: str, is_probs: bool) -> None:
+    """NaN, +inf and rows without a single finite logit are errors; -inf logits mask tokens."""
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
+    if bool(torch.isnan(x).any()):
+        raise ValueError(f"{name} contains NaN")
+    if is_probs:
+        if bool((x < 0).any()) or bool(torch.isinf(x).any()):
+            raise ValueError(f"{name} must hold finite non-negative probabilities")
+        if bool((x.sum(-1) <= 0).any()):
+            raise ValueError(f"{name} has a row with no probability mass")
+    else:
+        if bool((x == float("inf")).any()):
+            raise ValueError(f"{name} contains +inf")
+        if bool((x == float("-inf")).all(-1).any()):
+            raise ValueError(f"{name} has a row where every logit is -inf")
+
+
+def _check_uniforms(u: Tensor, shape: tuple[int, ...], device: torch.device) -> Tensor:
+    if tuple(u.shape) != shape:
+        raise ValueError(f"uniforms must have shape {list(shape)}, got {list(u.shape)}")
+    u = u.to(device=device, dtype=torch.float32)
+    if not bool(((u > 0) & (u <= 1)).all()):
+        raise ValueError("uniforms must lie in (0, 1]: a uniform of exactly 0 would accept any draft token")
+    return u
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in ("auto",) + BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose from {('auto',) + BACKENDS}")
+
+
+def verify(
+    target: Tensor,
+    draft_probs: Tensor,
+    draft_tokens: Tensor,
+    draft_lens: Tensor | None = None,
+    *,
+    temperature: float | Tensor = 1.0,
+    top_k: int | Tensor = 0,
+    top_p: float | Tensor = 1.0,
+    target_is_probs: bool = False,
+    uniforms: Tensor | None = None,
+    generator: Generators = None,
+    backend: str = "auto",
+) -> VerifyOutput:
+    """Verify B drafts against the target, losslessly (token-wise rule; see DESIGN.md).
+
+    Shape:
+        target: [B, K+1, V] logits (fp32/bf16/fp16), or probabilities if ``target_is_probs``
+            (then warped as logits log(p): pass temperature 1, top_k 0, top_p 1 for final probs).
+            Row i is the target's distribution after the first i draft tokens.
+        draft_probs: [B, K, V] the warped distribution q_i each draft token was sampled from.
+        draft_tokens: [B, K] integer; entries at positions >= draft_lens are ignored.
+        draft_lens: [B] integer in [0, K] (ragged drafts); default K for every row.
+        temperature, top_k, top_p: scalars or [B]; the same warping the draft used.
+        uniforms: [B, K+1] in (0, 1]: K acceptance tests, then the emitted token's sample.
+            If None they are drawn from ``generator`` (one, or one per row).
+
+    Returns:
+        VerifyOutput(num_accepted [B], tokens [B, K+1] padded with -1, num_emitted [B]).
+
+    Example:
+        >>> out = verify(target_logits, q, x, torch.tensor([3]), temperature=0.8, generator=g)
+        >>> new_tokens = out.tokens[0, : out.num_emitted[0]]
+    """
+    _check_backend(backend)
+    if target.dim() != 3:
+        raise ValueError(f"target must have shape [B, K+1, V], got {list(target.shape)}")
+    batch, k_plus_1, vocab = target.shape
+    k, device = k_plus_1 - 1, target.device
+    if draft_probs.dim() != 3 or draft_probs.shape[-1] != vocab:
+        raise ValueError(
+            f"vocabulary mismatch: draft_probs has shape {list(draft_probs.shape)}, target has V = {vocab} "
+            f"(expected draft_probs [B, K, V] = [{batch}, {k}, {vocab}])"
+        )
+    if tuple(draft_probs.shape[:2]) != (batch, k):
+        raise ValueError(f"draft_probs must have shape [B, K, V] = [{batch}, {k}, {vocab}], got {list(draft_probs.shape)}")
+    if tuple(draft_tokens.shape) != (batch, k) or draft_tokens.is_floating_point():
+        raise ValueError(f"draft_tokens must be an integer tensor of shape [B, K] = [{batch}, {k}], got {list(draft_tokens.shape)} {draft_tokens.dtype}")
+    if draft_lens is None:
+        draft_lens = torch.full((batch,), k, dtype=torch.int64, device=device)
+    draft_lens = torch.as_tensor(draft_lens, device=device)
+    if tuple(draft_lens.shape) != (batch,) or draft_lens.is_floating_point():
+        raise ValueError(f"draft_lens must be an integer tensor of shape [B] = [{batch}], got {list(draft_lens.shape)}")
+    draft_lens = draft_lens.long()
+    if bool(((draft_lens < 0) | (draft_lens > k)).any()):
+        raise ValueError(f"draft_lens must lie in [0, K] = [0, {k}], got {draft_lens.tolist()}")
+    for name, t in (("draft_probs", draft_probs), ("draft_tokens", draft_tokens), ("draft_lens", draft_lens)):
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device} but target is on {device}")
+    draft_tokens = draft_tokens.long()
+    drafted = torch.arange(k, device=device)[None, :] < draft_lens[:, None]
+    if bool((drafted & ((draft_tokens < 0) | (draft_tokens >= vocab))).any()):
+        raise ValueError(f"draft_tokens has a drafted token outside [0, V) = [0, {vocab})")
+    _check_logits(target, "target", target_is_probs)
+    if not draft_probs.is_floating_point() or bool((~torch.isfinite(draft_probs) | (draft_probs < 0)).any()):
+        raise ValueError("draft_probs must hold finite non-negative probabilities")
+    temperature, top_k, top_p = _sampling_tensors(temperature, top_k, top_p, batch, device)
+    if uniforms is None:
+        uniforms = draw_uniforms(batch, k + 1, generator, device)
+    uniforms = _check_uniforms(uniforms, (batch, k + 1), device)
+
+    logits = target.float().log() if target_is_probs else target
+    return verify_reference(logits, draft_probs.float(), draft_tokens, draft_lens, temperature, top_k, top_p, uniforms)
+
+
+def draft_step(
+    logits: Tensor,
+    *,
+    temperature: float | Tensor = 1.0,
+    top_k: int | Tensor = 0,
+    top_p: float | Tensor = 1.0,
+    uniforms: Tensor | None = None,
+    generator: Generators = None,
+    backend: str = "auto",
+) -> DraftStepOutput:
+    """Sample the next draft token of B rows and report the features a draft-length policy uses.
+
+    Shape:
+        logits: [B, V] the draft model's logits (fp32/bf16/fp16).
+        temperature, top_k, top_p: scalars or [B].
+        uniforms: [B] in (0, 1]; if None drawn from ``generator`` (one, or one per row).
+
+    Returns:
+        DraftStepOutput(tokens [B] int64, probs [B, V] fp32 (q), token_prob [B] (q(token)),
+        entropy [B] (H(q), nats), top1_prob [B] (max q)).
+    """
+    _check_backend(backend)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must have shape [B, V], got {list(logits.shape)}")
+    batch, device = logits.shape[0], logits.device
+    _check_logits(logits, "logits", is_probs=False)
+    temperature, top_k, top_p = _sampling_tensors(temperature, top_k, top_p, batch, device)
+    if uniforms is None:
+        uniforms = draw_uniforms(batch, 1, generator, device)[:, 0]
+    uniforms = _check_uniforms(uniforms, (batch,), device)
+    return draft_step_reference(logits, temperature, top_k, top_p, uniforms)
+
+
+__all__ = ["verify", "draft_step", "VerifyOutput", "DraftStepOutput", "SamplingParams"]

@@ -1,0 +1,6 @@
+"""Pure-torch references: the executable specification every kernel is tested against."""
+
+from .draft_step import draft_step_reference
+from .verify import verify_reference
+
+__all__ = ["draft_step_reference", "verify_reference"]

@@ -1,0 +1,82 @@
+"""Token-wise verification, reference (Leviathan et al. 2023; Chen et al. 2023).
+
+For each row b with L = draft_lens[b] drafted tokens X_1..X_L, X_i ~ q_i:
+
+- accept X_i iff u_i * q_i(X_i) <= p_i(X_i), i.e. with probability min(1, p_i/q_i);
+  q_i(X_i) == 0 cannot come from sampling q_i, so it is rejected;
+- at the first rejection j emit Y ~ norm(max(0, p_j - q_j)); if that residual has no
+  mass (p_j == q_j) emit Y ~ p_j. "No mass" means below RESIDUAL_EPS: fp32 rounding
+  leaves ~1e-7 of noise where p == q, and a token drawn from noise is arbitrary. The
+  rule changes the output distribution by at most P(reject) <= the residual mass;
+- if all L are accepted emit the bonus Y ~ p_{L+1};
+- greedy rows (temperature 0) need no special case: warping makes p_i a point mass
+  on argmax, so X_i is accepted iff it is the argmax and Y is the argmax at the stop.
+
+Every row emits between 1 and L + 1 tokens, distributed exactly as the target's.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from ..sampling import sample_inverse_cdf, warp_logits
+
+RESIDUAL_EPS = 1e-6
+
+
+class VerifyOutput(NamedTuple):
+    """Result of verifying a batch of B drafts of up to K tokens.
+
+    num_accepted [B] int64: accepted draft tokens, in [0, draft_lens];
+    tokens [B, K+1] int64: the emitted tokens (accepted drafts, then the resampled or
+        bonus token), padded with -1;
+    num_emitted [B] int64: num_accepted + 1.
+    """
+
+    num_accepted: Tensor
+    tokens: Tensor
+    num_emitted: Tensor
+
+
+def verify_reference(
+    target_logits: Tensor,  # [B, K+1, V]
+    draft_probs: Tensor,  # [B, K, V] the warped q each draft token was drawn from
+    draft_tokens: Tensor,  # [B, K] int64
+    draft_lens: Tensor,  # [B] int64 in [0, K]
+    temperature: Tensor,  # [B]
+    top_k: Tensor,  # [B]
+    top_p: Tensor,  # [B]
+    uniforms: Tensor,  # [B, K+1] in (0, 1]: K acceptance tests, then one for the emitted sample
+) -> VerifyOutput:
+    batch, k_plus_1, _ = target_logits.shape
+    k = k_plus_1 - 1
+    rows = torch.arange(batch, device=target_logits.device)
+    expand = lambda t: t[:, None].expand(batch, k_plus_1)  # noqa: E731
+    p = warp_logits(target_logits, expand(temperature), expand(top_k), expand(top_p))  # [B, K+1, V]
+
+    drafted = torch.arange(k, device=rows.device)[None, :] < draft_lens[:, None]  # [B, K]
+    x = torch.where(drafted, draft_tokens, 0)
+    p_x = p[:, :k].gather(-1, x[..., None]).squeeze(-1)
+    q_x = draft_probs.gather(-1, x[..., None]).squeeze(-1)
+    accept = drafted & (q_x > 0) & (uniforms[:, :k] * q_x <= p_x)
+    num_accepted = accept.long().cumprod(-1).sum(-1)  # accepted prefix: stops at the first rejection
+
+    j = num_accepted
+    p_j = p[rows, j]  # [B, V]
+    rejected = j < draft_lens
+    if k > 0:
+        q_j = draft_probs[rows, j.clamp(max=k - 1)] * rejected[:, None]  # 0 for the bonus position
+    else:
+        q_j = torch.zeros_like(p_j)
+    residual = (p_j - q_j).clamp_min(0.0)
+    residual = torch.where(residual.sum(-1, keepdim=True) > RESIDUAL_EPS, residual, p_j)
+    y = sample_inverse_cdf(residual, uniforms[:, k])
+
+    tokens = torch.full((batch, k_plus_1), -1, dtype=torch.int64, device=rows.device)
+    keep = torch.arange(k, device=rows.device)[None, :] < j[:, None]
+    tokens[:, :k] = torch.where(keep, draft_tokens, -1)
+    tokens[rows, j] = y
+    return VerifyOutput(num_accepted, tokens, j + 1)
