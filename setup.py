@@ -1,6 +1,7 @@
 """specdec_fast: lossless speculative decoding for PyTorch, with fused verification kernels.
 
-Kernels are built just in time (torch.utils.cpp_extension + ninja) on first use.
+Kernels are built just in time (torch.utils.cpp_extension + ninja) on first use, from
+csrc/ in the source checkout (install with pip install -e .).
 """
 
 from setuptools import find_packages, setup
@@ -14,6 +15,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     packages=find_packages(include=["specdec_fast", "specdec_fast.*"]),
+    package_data={"specdec_fast.data": ["*.safetensors", "*.json", "*.md"]},
     install_requires=[
         "torch>=2.4",
         "transformers>=5.0",

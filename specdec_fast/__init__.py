@@ -1,5 +1,6 @@
 """specdec_fast: lossless speculative decoding for PyTorch causal LMs."""
 
+from .backends import backends
 from .cached_lm import CachedLM, HFCachedLM, as_cached_lm
 from .decoder import SpeculativeDecoder
 from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive
@@ -11,6 +12,7 @@ from .smollm2 import load_smollm2
 __version__ = "0.1.0"
 
 __all__ = [
+    "backends",
     "CachedLM",
     "DraftPolicy",
     "DraftStepOutput",

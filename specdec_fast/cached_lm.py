@@ -50,7 +50,7 @@ class HFCachedLM:
 
         self.model = model.eval()
         config = model.config
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.vocab_size = int(model.get_output_embeddings().out_features)
         self.max_length = getattr(config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device
         self._new_cache = lambda: DynamicCache(config=config)

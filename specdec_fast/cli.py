@@ -5,22 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
-
-def chat_prompt_ids(tokenizer, prompt: str, chat: bool) -> list[int]:
-    """Token ids of ``prompt``, wrapped in the tokenizer's chat template when ``chat`` and it has one."""
-    if chat and getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-        return tokenizer(text, add_special_tokens=False).input_ids
-    return tokenizer(prompt).input_ids
+from .prompts import chat_prompt_ids
 
 
 def _load_pair(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .drafts import early_exit_draft
+    from .drafts import default_draft, early_exit_draft, load_small_draft
     from .smollm2 import load_smollm2
 
     if args.target:
@@ -28,10 +23,14 @@ def _load_pair(args):
         tokenizer = AutoTokenizer.from_pretrained(args.target)
     else:
         target, tokenizer = load_smollm2()
-    if args.draft:
+    if args.draft and args.draft.endswith(".safetensors"):
+        draft = load_small_draft(target, args.draft)
+    elif args.draft:
         draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
-    else:
+    elif args.draft_layers:
         draft = early_exit_draft(target, args.draft_layers)
+    else:
+        draft = default_draft(target)
     return target, draft, tokenizer
 
 
@@ -63,14 +62,60 @@ def _generate(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    from .bench import e2e
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data = e2e.run(args.prompts, args.lengths, args.temperatures, args.max_new_tokens)
+    print(e2e.table(data["summary"], data["costs"]))
+    return 0
+
+
+def _microbench(args) -> int:
+    from .bench import microbench
+
+    dtypes = [getattr(torch, name) for name in args.dtypes]
+    data = microbench.run(args.batches, args.lengths, args.vocabs, dtypes, args.repeats)
+    print(microbench.table(data))
+    return 0
+
+
+def _train_draft(args) -> int:
+    import shlex
+    from pathlib import Path
+
+    from . import distill
+    from .drafts import load_small_draft
+    from .smollm2 import cache_root, load_smollm2
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target, tokenizer = load_smollm2()
+    work = Path(args.work) if args.work else cache_root() / "distill"
+    work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens)
+    distill.collect_corpus(target, tokenizer, work, chunks=args.corpus_chunks)
+    torch.manual_seed(0)
+    info = distill.train(target, work, out, args.layers, args.vocab, args.epochs, args.batch, args.lr)
+    draft = load_small_draft(target, out)
+    acceptance = distill.heldout_acceptance(target, draft, tokenizer, args.eval_tokens)
+    command = "specdec-fast train-draft " + " ".join(shlex.quote(a) for a in args.argv)
+    distill.write_card(out.with_name("DRAFT_CARD.md"), info, acceptance, args.eval_tokens, out.stat().st_size / 1e6, command)
+    print(json.dumps(dict(info, heldout_acceptance=acceptance), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specdec-fast", description="Lossless speculative decoding.")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser("generate", help="generate text with speculative decoding and print statistics")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--target", help="transformers checkpoint folder of the target (default: SmolLM2-135M-Instruct)")
-    gen.add_argument("--draft", help="transformers checkpoint folder of the draft (same tokenizer as the target)")
-    gen.add_argument("--draft-layers", type=int, default=4, help="without --draft: use the target's first N layers")
+    gen.add_argument("--draft", help="draft: a transformers checkpoint folder, or a .safetensors file from train-draft "
+                     "(default: the distilled draft shipped for SmolLM2)")
+    gen.add_argument("--draft-layers", type=int, default=0, help="instead: the target's first N layers as the draft")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=0)
@@ -82,7 +127,40 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--json", action="store_true", help="print the text and statistics as JSON")
     gen.set_defaults(run=_generate)
+
+    bench = commands.add_parser("bench", help="end-to-end benchmark on the held-out prompts (benchmarks/e2e.py)")
+    bench.add_argument("--prompts", type=int, default=None, help="an evenly spaced subset of N held-out prompts (default: all 34)")
+    bench.add_argument("--lengths", type=int, nargs="+", default=list(range(1, 9)))
+    bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--threads", type=int, default=0)
+    bench.set_defaults(run=_bench)
+
+    micro = commands.add_parser("microbench", help="verify-kernel microbenchmark per backend (benchmarks/microbench.py)")
+    micro.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
+    micro.add_argument("--lengths", type=int, nargs="+", default=[1, 4, 8])
+    micro.add_argument("--vocabs", type=int, nargs="+", default=[32_000, 49_152, 151_936, 262_144])
+    micro.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    micro.add_argument("--repeats", type=int, default=5)
+    micro.set_defaults(run=_microbench)
+
+    train = commands.add_parser("train-draft", help="distil the draft for SmolLM2-135M-Instruct (resumable)")
+    train.add_argument("--out", default=str(Path(__file__).parent / "data" / "smollm2_draft.safetensors"))
+    train.add_argument("--work", help="folder for collected data and checkpoints (default: the user cache)")
+    train.add_argument("--layers", type=int, default=2)
+    train.add_argument("--vocab", type=int, default=8192, help="tokens the draft may propose")
+    train.add_argument("--epochs", type=int, default=3)
+    train.add_argument("--batch", type=int, default=16)
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--gen-batch", type=int, default=16)
+    train.add_argument("--gen-tokens", type=int, default=128)
+    train.add_argument("--corpus-chunks", type=int, default=384)
+    train.add_argument("--eval-tokens", type=int, default=64)
+    train.add_argument("--threads", type=int, default=0)
+    train.set_defaults(run=_train_draft)
+
     args = parser.parse_args(argv)
+    args.argv = (argv if argv is not None else sys.argv[1:])[1:]  # after the subcommand
     return args.run(args)
 
 

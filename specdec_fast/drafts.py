@@ -33,3 +33,93 @@ def early_exit_draft(target: torch.nn.Module, num_layers: int) -> torch.nn.Modul
     draft.config.num_hidden_layers = num_layers
     draft.model.config = draft.config
     return draft.eval()
+
+
+class RestrictedHead(torch.nn.Module):
+    """An LM head over a subset of the vocabulary; every other token gets logit -inf.
+
+    q = 0 outside the subset keeps verification lossless: such tokens are never drafted
+    and the residual max(0, p - q) gives them their full target probability.
+
+    Shape: hidden [..., d] -> logits [..., out_features]; ``restricted`` gives [..., N].
+    """
+
+    def __init__(self, weight: torch.Tensor, vocab_ids: torch.Tensor, out_features: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight)  # [N, d]
+        self.register_buffer("vocab_ids", vocab_ids.long())  # [N] full-vocabulary id of each row
+        self.out_features = out_features
+
+    def restricted(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.weight.T
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        small = self.restricted(hidden)
+        full = small.new_full((*small.shape[:-1], self.out_features), float("-inf"))
+        return full.index_copy_(-1, self.vocab_ids, small)
+
+
+def build_small_draft(target: torch.nn.Module, layer_ids: list[int], vocab_ids: torch.Tensor) -> torch.nn.Module:
+    """A draft in the target's own architecture: ``len(layer_ids)`` decoder layers initialised
+    from those target layers, the target's final norm, the target's input embeddings
+    (shared, not copied) and a :class:`RestrictedHead` over ``vocab_ids`` initialised from
+    the target's LM head rows. The result is a regular transformers causal LM."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = len(layer_ids)
+    config.tie_word_embeddings = False
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[i] for i in layer_ids]
+    draft = AutoModelForCausalLM.from_config(config, dtype=target.dtype)
+    draft.model.embed_tokens = target.get_input_embeddings()
+    for i, source in enumerate(layer_ids):
+        draft.model.layers[i].load_state_dict(target.model.layers[source].state_dict())
+    draft.model.norm.load_state_dict(target.model.norm.state_dict())
+    head = target.get_output_embeddings().weight.detach()[vocab_ids].clone()
+    draft.lm_head = RestrictedHead(head, vocab_ids, config.vocab_size)
+    draft.generation_config = copy.deepcopy(target.generation_config)
+    return draft.eval()
+
+
+def _own_state(draft: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The draft's own weights: everything but the embeddings it shares with the target."""
+    return {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens.")}
+
+
+def save_small_draft(draft: torch.nn.Module, path, metadata: dict[str, str]) -> None:
+    """Write the draft's own weights (fp16) and ``metadata`` to a safetensors file."""
+    from safetensors.torch import save_file
+
+    state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in _own_state(draft).items()}
+    save_file(state, str(path), metadata={"num_layers": str(draft.config.num_hidden_layers), **metadata})
+
+
+def load_small_draft(target: torch.nn.Module, path) -> torch.nn.Module:
+    """Rebuild a draft saved by :func:`save_small_draft` around ``target`` (whose embeddings it shares)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        num_layers = int(f.metadata()["num_layers"])
+        state = {k: f.get_tensor(k) for k in f.keys()}
+    vocab_ids = state["lm_head.vocab_ids"]
+    draft = build_small_draft(target, list(range(num_layers)), vocab_ids)
+    own = _own_state(draft)
+    missing = set(own) - set(state)
+    if missing:
+        raise ValueError(f"{path} lacks the weights {sorted(missing)[:5]}")
+    draft.load_state_dict({k: state[k].to(own[k].dtype) for k in own}, strict=False)
+    return draft.eval()
+
+
+DEFAULT_DRAFT = "smollm2_draft.safetensors"
+
+
+def default_draft(target: torch.nn.Module) -> torch.nn.Module:
+    """The distilled draft shipped for SmolLM2-135M-Instruct (see specdec_fast/data/DRAFT_CARD.md)."""
+    from importlib import resources
+
+    path = resources.files("specdec_fast.data").joinpath(DEFAULT_DRAFT)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reproduce it with `specdec-fast train-draft`")
+    return load_small_draft(target, path)

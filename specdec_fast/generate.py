@@ -39,6 +39,9 @@ class GenerationStats:
     drafted_at: list[int] = field(default_factory=list)  # per draft position: rounds that drafted it
     accepted_at: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
     prefill_s: float = 0.0
+    draft_s: float = 0.0  # draft passes and draft steps
+    target_s: float = 0.0  # target verification passes
+    verify_s: float = 0.0  # the verify op
     wall_s: float = 0.0
 
     @property
@@ -87,7 +90,8 @@ class GenerationStats:
             f"{self.new_tokens} tokens in {self.wall_s:.2f} s ({self.tokens_per_second:.1f} tok/s) | "
             f"rounds {self.rounds}, target calls {self.target_calls}, draft calls {self.draft_calls} | "
             f"acceptance {self.acceptance_rate:.3f} ({self.accepted}/{self.drafted}), "
-            f"mean accepted length {self.mean_accepted_length:.2f} | per position [{pos}]"
+            f"mean accepted length {self.mean_accepted_length:.2f} | per position [{pos}] | "
+            f"time: draft {self.draft_s:.2f} s, target {self.target_s:.2f} s, verify {self.verify_s:.3f} s"
         )
 
 
@@ -230,6 +234,7 @@ def fast_generate(
 
         # Draft: X_i ~ q_i, one draft pass per token (the first pass also catches up on
         # committed tokens the draft has not seen).
+        draft_start = time.perf_counter()
         tokens, probs = [], []
         if k_max > 0:
             logits = _catch_up(draft_lm, ids, n)
@@ -243,12 +248,16 @@ def fast_generate(
                 logits = draft_lm.extend(step.tokens, 1)[-1]
                 stats.draft_calls += 1
         k = len(tokens)
+        target_start = time.perf_counter()
+        stats.draft_s += target_start - draft_start
 
         # Verify: one target pass over [last committed, X_1..X_k] gives p_1..p_{k+1}.
         draft_tokens = torch.cat(tokens) if k else torch.zeros(0, dtype=torch.int64)
         target_logits = target_lm.extend(torch.cat([ids[target_lm.cache_length : n], draft_tokens]), k + 1)
         vocab = target_logits.shape[-1]
         q = torch.stack(probs, dim=1) if k else torch.zeros(1, 0, vocab)
+        verify_start = time.perf_counter()
+        stats.target_s += verify_start - target_start
         out = verify(
             target_logits[None], q.to(target_logits.device), draft_tokens[None].to(target_logits.device),
             **sampling, uniforms=u_verify[:, : k + 1],
@@ -256,6 +265,7 @@ def fast_generate(
         accepted = int(out.num_accepted)
         emitted = out.tokens[0, : accepted + 1].tolist()  # the round's one host sync
         emitted = emitted[: _first_eos(emitted, eos)]
+        stats.verify_s += time.perf_counter() - verify_start
 
         # Roll back: both caches keep only the prefix shared with the new committed sequence.
         for lm in (target_lm, draft_lm):
@@ -321,7 +331,9 @@ def generate_autoregressive(
         stats.new_tokens += 1
         if len(new) == max_new_tokens or token in eos:
             break
+        target_start = time.perf_counter()
         logits = lm.extend(step.tokens, 1)[-1]
+        stats.target_s += time.perf_counter() - target_start
         stats.target_calls += 1
     stats.wall_s = time.perf_counter() - start
     if streamer is not None:

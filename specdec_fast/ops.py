@@ -8,12 +8,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .backends import resolve
 from .reference import draft_step_reference, verify_reference
 from .reference.draft_step import DraftStepOutput
 from .reference.verify import VerifyOutput
 from .sampling import Generators, SamplingParams, draw_uniforms
-
-BACKENDS = ("torch",)
 
 
 def _sampling_tensors(temperature, top_k, top_p, batch: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
@@ -40,20 +39,24 @@ def _sampling_tensors(temperature, top_k, top_p, batch: int, device: torch.devic
 
 
 def _check_logits(x: Tensor, name: str, is_probs: bool) -> None:
-    """NaN, +inf and rows without a single finite logit are errors; -inf logits mask tokens."""
+    """NaN, +inf and rows without a single finite logit are errors; -inf logits mask tokens.
+
+    One reduction per row does it: max propagates NaN, and is +inf (-inf) iff the row has a
+    +inf (only -inf)."""
     if not x.is_floating_point():
         raise ValueError(f"{name} must be a floating-point tensor, got {x.dtype}")
-    if bool(torch.isnan(x).any()):
+    row_max = x.amax(-1)
+    if bool(torch.isnan(row_max).any()):
         raise ValueError(f"{name} contains NaN")
     if is_probs:
-        if bool((x < 0).any()) or bool(torch.isinf(x).any()):
+        if not bool(x.amin() >= 0) or bool(torch.isinf(row_max).any()):
             raise ValueError(f"{name} must hold finite non-negative probabilities")
-        if bool((x.sum(-1) <= 0).any()):
+        if bool((row_max <= 0).any()):
             raise ValueError(f"{name} has a row with no probability mass")
     else:
-        if bool((x == float("inf")).any()):
+        if bool((row_max == float("inf")).any()):
             raise ValueError(f"{name} contains +inf")
-        if bool((x == float("-inf")).all(-1).any()):
+        if bool((row_max == float("-inf")).any()):
             raise ValueError(f"{name} has a row where every logit is -inf")
 
 
@@ -64,11 +67,6 @@ def _check_uniforms(u: Tensor, shape: tuple[int, ...], device: torch.device) -> 
     if not bool(((u > 0) & (u <= 1)).all()):
         raise ValueError("uniforms must lie in (0, 1]: a uniform of exactly 0 would accept any draft token")
     return u
-
-
-def _check_backend(backend: str) -> None:
-    if backend not in ("auto",) + BACKENDS:
-        raise ValueError(f"unknown backend {backend!r}; choose from {('auto',) + BACKENDS}")
 
 
 def verify(
@@ -105,7 +103,6 @@ def verify(
         >>> out = verify(target_logits, q, x, torch.tensor([3]), temperature=0.8, generator=g)
         >>> new_tokens = out.tokens[0, : out.num_emitted[0]]
     """
-    _check_backend(backend)
     if target.dim() != 3:
         raise ValueError(f"target must have shape [B, K+1, V], got {list(target.shape)}")
     batch, k_plus_1, vocab = target.shape
@@ -135,7 +132,9 @@ def verify(
     if bool((drafted & ((draft_tokens < 0) | (draft_tokens >= vocab))).any()):
         raise ValueError(f"draft_tokens has a drafted token outside [0, V) = [0, {vocab})")
     _check_logits(target, "target", target_is_probs)
-    if not draft_probs.is_floating_point() or bool((~torch.isfinite(draft_probs) | (draft_probs < 0)).any()):
+    if not draft_probs.is_floating_point() or draft_probs.numel() and not (
+        bool(draft_probs.amin() >= 0) and bool(draft_probs.amax() < float("inf"))
+    ):
         raise ValueError("draft_probs must hold finite non-negative probabilities")
     temperature, top_k, top_p = _sampling_tensors(temperature, top_k, top_p, batch, device)
     if uniforms is None:
@@ -143,7 +142,10 @@ def verify(
     uniforms = _check_uniforms(uniforms, (batch, k + 1), device)
 
     logits = target.float().log() if target_is_probs else target
-    return verify_reference(logits, draft_probs.float(), draft_tokens, draft_lens, temperature, top_k, top_p, uniforms)
+    args = (logits, draft_probs.float(), draft_tokens, draft_lens, temperature, top_k, top_p, uniforms)
+    if resolve(backend, device) == "torch":
+        return verify_reference(*args)
+    return VerifyOutput(*torch.ops.specdec_fast.verify(*args))
 
 
 def draft_step(
@@ -167,7 +169,6 @@ def draft_step(
         DraftStepOutput(tokens [B] int64, probs [B, V] fp32 (q), token_prob [B] (q(token)),
         entropy [B] (H(q), nats), top1_prob [B] (max q)).
     """
-    _check_backend(backend)
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape [B, V], got {list(logits.shape)}")
     batch, device = logits.shape[0], logits.device
@@ -176,7 +177,10 @@ def draft_step(
     if uniforms is None:
         uniforms = draw_uniforms(batch, 1, generator, device)[:, 0]
     uniforms = _check_uniforms(uniforms, (batch,), device)
-    return draft_step_reference(logits, temperature, top_k, top_p, uniforms)
+    args = (logits, temperature, top_k, top_p, uniforms)
+    if resolve(backend, device) == "torch":
+        return draft_step_reference(*args)
+    return DraftStepOutput(*torch.ops.specdec_fast.draft_step(*args))
 
 
 __all__ = ["verify", "draft_step", "VerifyOutput", "DraftStepOutput", "SamplingParams"]

@@ -7,7 +7,8 @@ target are warped with the same parameters. The rules, normative for every backe
 - top-k (``top_k <= 0`` or ``>= V`` disables it) keeps x iff fewer than k logits are
   strictly greater than logit(x): ties at the boundary are all kept;
 - top-p (``top_p >= 1`` disables it) keeps x iff the probability mass strictly greater
-  than p(x) is below top_p: again tie-inclusive, and independent of sort order;
+  than p(x) is below top_p: again tie-inclusive, independent of sort order, and decided
+  in float64;
 - order: temperature, top-k, softmax, top-p, renormalise (as transformers' warpers);
 - a token is drawn by inverse CDF from one uniform u in (0, 1]: the smallest x with
   cumsum(w)[x] >= u * sum(w). Tokens of weight 0 are never drawn.
@@ -70,11 +71,14 @@ def warp_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
 
     use_top_p = p < 1
     if use_top_p.any():
-        sorted_probs = probs.sort(dim=-1, descending=True).values
-        mass_before = sorted_probs.cumsum(-1) - sorted_probs
-        n_keep = (mass_before < p[:, None]).sum(-1, keepdim=True)  # >= 1: mass_before[0] == 0
-        threshold = sorted_probs.gather(-1, n_keep - 1)
-        probs = probs.masked_fill(use_top_p[:, None] & (probs < threshold), 0.0)
+        # The kept set is decided in float64, so every backend draws the same boundary
+        # (in fp32, rounding flips near-threshold tokens at large V).
+        p64 = torch.softmax(x.double(), dim=-1)
+        sorted_p64 = p64.sort(dim=-1, descending=True).values
+        mass_before = sorted_p64.cumsum(-1) - sorted_p64
+        n_keep = (mass_before < p.double()[:, None]).sum(-1, keepdim=True)  # >= 1: mass_before[0] == 0
+        threshold = sorted_p64.gather(-1, n_keep - 1)
+        probs = probs.masked_fill(use_top_p[:, None] & (p64 < threshold), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
 
     if greedy.any():

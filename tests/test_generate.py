@@ -114,6 +114,7 @@ def test_stats_are_consistent(tiny_pair):
     assert s.mean_accepted_length == pytest.approx(s.new_tokens / s.rounds)
     assert all(0 <= a <= 1 for a in s.per_position_acceptance) and len(s.drafted_at) == 3
     assert s.tokens_per_second > 0
+    assert 0 < s.draft_s + s.target_s + s.verify_s <= s.wall_s and s.verify_s > 0
 
 
 def test_stops_at_eos(tiny_pair):

@@ -10,7 +10,8 @@ import torch
 
 from specdec_fast import fast_generate, generate_autoregressive
 from specdec_fast import smollm2 as smollm2_module
-from specdec_fast.cli import chat_prompt_ids, main
+from specdec_fast.cli import main
+from specdec_fast.prompts import chat_prompt_ids
 from specdec_fast.drafts import early_exit_draft
 
 from conftest import tiny_llama

@@ -1,0 +1,66 @@
+"""What every benchmark shares: timing, the machine's description, and writing results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+
+
+def machine() -> dict:
+    """The machine and library versions, recorded with every result."""
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return dict(
+        cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
+        transformers=transformers.__version__, cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    )
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in seconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def write_results(name: str, data: dict, table: str, out_dir: Path = RESULTS) -> Path:
+    """Write ``<name>.json`` and ``<name>.md`` under ``out_dir``; returns the JSON path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(data, indent=1))
+    m = data["machine"]
+    header = f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, transformers {m['transformers']}, {m['date']}.\n\n"
+    (out_dir / f"{name}.md").write_text(header + table + "\n")
+    return path
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    def cell(x):
+        return f"{x:.3g}" if isinstance(x, float) else str(x)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)

