@@ -39,8 +39,6 @@ def _generate(args) -> int:
 
     from .generate import fast_generate, generate_autoregressive
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     target, draft, tokenizer = _load_pair(args)
     ids = chat_prompt_ids(tokenizer, args.prompt, chat=not args.no_chat)
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
@@ -65,8 +63,6 @@ def _generate(args) -> int:
 def _bench(args) -> int:
     from .bench import e2e
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     data = e2e.run(args.prompts, args.lengths, args.temperatures, args.max_new_tokens)
     print(e2e.table(data["summary"], data["costs"]))
     return 0
@@ -83,14 +79,11 @@ def _microbench(args) -> int:
 
 def _train_draft(args) -> int:
     import shlex
-    from pathlib import Path
 
     from . import distill
     from .drafts import load_small_draft
     from .smollm2 import cache_root, load_smollm2
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     target, tokenizer = load_smollm2()
     work = Path(args.work) if args.work else cache_root() / "distill"
     work.mkdir(parents=True, exist_ok=True)
@@ -109,8 +102,10 @@ def _train_draft(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specdec-fast", description="Lossless speculative decoding.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     commands = parser.add_subparsers(dest="command", required=True)
-    gen = commands.add_parser("generate", help="generate text with speculative decoding and print statistics")
+    gen = commands.add_parser("generate", parents=[common], help="generate text with speculative decoding and print statistics")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--target", help="transformers checkpoint folder of the target (default: SmolLM2-135M-Instruct)")
     gen.add_argument("--draft", help="draft: a transformers checkpoint folder, or a .safetensors file from train-draft "
@@ -124,19 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--baseline", action="store_true", help="also run the target alone and print the speedup")
-    gen.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--json", action="store_true", help="print the text and statistics as JSON")
     gen.set_defaults(run=_generate)
 
-    bench = commands.add_parser("bench", help="end-to-end benchmark on the held-out prompts (benchmarks/e2e.py)")
+    bench = commands.add_parser("bench", parents=[common], help="end-to-end benchmark on the held-out prompts (benchmarks/e2e.py)")
     bench.add_argument("--prompts", type=int, default=None, help="an evenly spaced subset of N held-out prompts (default: all 34)")
     bench.add_argument("--lengths", type=int, nargs="+", default=list(range(1, 9)))
     bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     bench.add_argument("--max-new-tokens", type=int, default=128)
-    bench.add_argument("--threads", type=int, default=0)
     bench.set_defaults(run=_bench)
 
-    micro = commands.add_parser("microbench", help="verify-kernel microbenchmark per backend (benchmarks/microbench.py)")
+    micro = commands.add_parser("microbench", parents=[common], help="verify-kernel microbenchmark per backend (benchmarks/microbench.py)")
     micro.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 128])
     micro.add_argument("--lengths", type=int, nargs="+", default=[1, 4, 8])
     micro.add_argument("--vocabs", type=int, nargs="+", default=[32_000, 49_152, 151_936, 262_144])
@@ -144,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     micro.add_argument("--repeats", type=int, default=5)
     micro.set_defaults(run=_microbench)
 
-    train = commands.add_parser("train-draft", help="distil the draft for SmolLM2-135M-Instruct (resumable)")
+    train = commands.add_parser("train-draft", parents=[common], help="distil the draft for SmolLM2-135M-Instruct (resumable)")
     train.add_argument("--out", default=str(Path(__file__).parent / "data" / "smollm2_draft.safetensors"))
     train.add_argument("--work", help="folder for collected data and checkpoints (default: the user cache)")
     train.add_argument("--layers", type=int, default=2)
@@ -156,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--gen-tokens", type=int, default=128)
     train.add_argument("--corpus-chunks", type=int, default=384)
     train.add_argument("--eval-tokens", type=int, default=64)
-    train.add_argument("--threads", type=int, default=0)
     train.set_defaults(run=_train_draft)
 
     args = parser.parse_args(argv)
-    args.argv = (argv if argv is not None else sys.argv[1:])[1:]  # after the subcommand
+    argv = argv if argv is not None else sys.argv[1:]
+    args.argv = argv[argv.index(args.command) + 1 :]  # what followed the subcommand
+    if args.threads:
+        torch.set_num_threads(args.threads)
     return args.run(args)
 
 

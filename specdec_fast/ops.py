@@ -132,9 +132,11 @@ def verify(
     if bool((drafted & ((draft_tokens < 0) | (draft_tokens >= vocab))).any()):
         raise ValueError(f"draft_tokens has a drafted token outside [0, V) = [0, {vocab})")
     _check_logits(target, "target", target_is_probs)
-    if not draft_probs.is_floating_point() or draft_probs.numel() and not (
-        bool(draft_probs.amin() >= 0) and bool(draft_probs.amax() < float("inf"))
-    ):
+    # Rows past a draft length may be anything non-negative (zeros included), so no mass check here.
+    valid_probs = draft_probs.is_floating_point() and (
+        draft_probs.numel() == 0 or (bool(draft_probs.amin() >= 0) and bool(draft_probs.amax() < float("inf")))
+    )
+    if not valid_probs:
         raise ValueError("draft_probs must hold finite non-negative probabilities")
     temperature, top_k, top_p = _sampling_tensors(temperature, top_k, top_p, batch, device)
     if uniforms is None:
