@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .backends import resolve
-from .reference import draft_step_reference, verify_reference
+from .backends import op, resolve
 from .reference.draft_step import DraftStepOutput
 from .reference.verify import VerifyOutput
 from .sampling import Generators, SamplingParams, draw_uniforms
@@ -69,6 +68,38 @@ def _check_uniforms(u: Tensor, shape: tuple[int, ...], device: torch.device) -> 
     return u
 
 
+def _per_request(value, batch: int, device: torch.device, name: str) -> Tensor:
+    t = torch.as_tensor(value, device=device)
+    if t.is_floating_point() or t.dim() > 1 or (t.dim() == 1 and t.shape[0] != batch):
+        raise ValueError(f"{name} must be an integer or an integer tensor of shape [B] = [{batch}]")
+    return t.to(torch.int64).expand(batch).contiguous()
+
+
+def _uniforms(shape: tuple[int, ...], uniforms, generator, seed, offset, device: torch.device, backend: str) -> Tensor:
+    """Uniforms in (0, 1] of ``shape`` ([B] or [B, n]): given, drawn from ``generator``, or Philox on (seed, offset + i)."""
+    if sum(x is not None for x in (uniforms, generator, seed)) > 1:
+        raise ValueError("pass at most one source of randomness: uniforms, generator, or seed (+ offset)")
+    if uniforms is not None:
+        return _check_uniforms(uniforms, shape, device)
+    batch, n = shape[0], shape[1] if len(shape) == 2 else 1
+    if seed is not None:
+        seed, offset = _per_request(seed, batch, device, "seed"), _per_request(offset, batch, device, "offset")
+        return op("philox_uniforms", backend)(seed, offset, n).reshape(shape)
+    return draw_uniforms(batch, n, generator, device).reshape(shape)
+
+
+def philox_uniforms(seed: int | Tensor, offset: int | Tensor, n: int, *, batch: int | None = None,
+                    device: torch.device | str = "cpu", backend: str = "auto") -> Tensor:
+    """Counter-based uniforms in (0, 1] (Philox4x32-10): row b, entry i depends on (seed_b, offset_b + i) only.
+
+    Shape: seed, offset: ints or int64 [B] -> fp32 [B, n]. Every backend gives the same bits.
+    """
+    if batch is None:
+        batch = next((t.shape[0] for t in (seed, offset) if isinstance(t, Tensor) and t.dim() == 1), 1)
+    device = torch.device(device) if not isinstance(seed, Tensor) else seed.device
+    return _uniforms((batch, n), None, None, seed, offset, device, resolve(backend, device))
+
+
 def verify(
     target: Tensor,
     draft_probs: Tensor,
@@ -81,6 +112,8 @@ def verify(
     target_is_probs: bool = False,
     uniforms: Tensor | None = None,
     generator: Generators = None,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor = 0,
     backend: str = "auto",
 ) -> VerifyOutput:
     """Verify B drafts against the target, losslessly (token-wise rule; see DESIGN.md).
@@ -94,7 +127,10 @@ def verify(
         draft_lens: [B] integer in [0, K] (ragged drafts); default K for every row.
         temperature, top_k, top_p: scalars or [B]; the same warping the draft used.
         uniforms: [B, K+1] in (0, 1]: K acceptance tests, then the emitted token's sample.
-            If None they are drawn from ``generator`` (one, or one per row).
+            Or drawn from ``generator`` (one, or one per row), or counter-based from ``seed``
+            and ``offset`` (ints or [B]): row b uses Philox(seed_b, offset_b + i), i <= K,
+            so its result never depends on the rest of the batch.
+        backend: "auto" | "torch" | "cpu" | "cuda" | "triton" (see :func:`backends`).
 
     Returns:
         VerifyOutput(num_accepted [B], tokens [B, K+1] padded with -1, num_emitted [B]).
@@ -139,15 +175,12 @@ def verify(
     if not valid_probs:
         raise ValueError("draft_probs must hold finite non-negative probabilities")
     temperature, top_k, top_p = _sampling_tensors(temperature, top_k, top_p, batch, device)
-    if uniforms is None:
-        uniforms = draw_uniforms(batch, k + 1, generator, device)
-    uniforms = _check_uniforms(uniforms, (batch, k + 1), device)
+    backend = resolve(backend, device)
+    uniforms = _uniforms((batch, k + 1), uniforms, generator, seed, offset, device, backend)
 
     logits = target.float().log() if target_is_probs else target
     args = (logits, draft_probs.float(), draft_tokens, draft_lens, temperature, top_k, top_p, uniforms)
-    if resolve(backend, device) == "torch":
-        return verify_reference(*args)
-    return VerifyOutput(*torch.ops.specdec_fast.verify(*args))
+    return VerifyOutput(*op("verify", backend)(*args))
 
 
 def draft_step(
@@ -158,6 +191,8 @@ def draft_step(
     top_p: float | Tensor = 1.0,
     uniforms: Tensor | None = None,
     generator: Generators = None,
+    seed: int | Tensor | None = None,
+    offset: int | Tensor = 0,
     backend: str = "auto",
 ) -> DraftStepOutput:
     """Sample the next draft token of B rows and report the features a draft-length policy uses.
@@ -165,7 +200,8 @@ def draft_step(
     Shape:
         logits: [B, V] the draft model's logits (fp32/bf16/fp16).
         temperature, top_k, top_p: scalars or [B].
-        uniforms: [B] in (0, 1]; if None drawn from ``generator`` (one, or one per row).
+        uniforms: [B] in (0, 1]; or drawn from ``generator`` (one, or one per row), or
+            Philox(seed_b, offset_b) (see :func:`verify`).
 
     Returns:
         DraftStepOutput(tokens [B] int64, probs [B, V] fp32 (q), token_prob [B] (q(token)),
@@ -176,13 +212,9 @@ def draft_step(
     batch, device = logits.shape[0], logits.device
     _check_logits(logits, "logits", is_probs=False)
     temperature, top_k, top_p = _sampling_tensors(temperature, top_k, top_p, batch, device)
-    if uniforms is None:
-        uniforms = draw_uniforms(batch, 1, generator, device)[:, 0]
-    uniforms = _check_uniforms(uniforms, (batch,), device)
-    args = (logits, temperature, top_k, top_p, uniforms)
-    if resolve(backend, device) == "torch":
-        return draft_step_reference(*args)
-    return DraftStepOutput(*torch.ops.specdec_fast.draft_step(*args))
+    backend = resolve(backend, device)
+    uniforms = _uniforms((batch,), uniforms, generator, seed, offset, device, backend)
+    return DraftStepOutput(*op("draft_step", backend)(logits, temperature, top_k, top_p, uniforms))
 
 
-__all__ = ["verify", "draft_step", "VerifyOutput", "DraftStepOutput", "SamplingParams"]
+__all__ = ["verify", "draft_step", "philox_uniforms", "VerifyOutput", "DraftStepOutput", "SamplingParams"]

@@ -7,11 +7,14 @@ target are warped with the same parameters. The rules, normative for every backe
 - top-k (``top_k <= 0`` or ``>= V`` disables it) keeps x iff fewer than k logits are
   strictly greater than logit(x): ties at the boundary are all kept;
 - top-p (``top_p >= 1`` disables it) keeps x iff the probability mass strictly greater
-  than p(x) is below top_p: again tie-inclusive, independent of sort order, and decided
-  in float64;
-- order: temperature, top-k, softmax, top-p, renormalise (as transformers' warpers);
+  than p(x) is below top_p: again tie-inclusive and independent of sort order;
+- order: temperature, top-k, softmax, top-p, renormalise (as transformers' warpers); the
+  softmax and renormalisation in float64, the result rounded once to fp32;
 - a token is drawn by inverse CDF from one uniform u in (0, 1]: the smallest x with
-  cumsum(w)[x] >= u * sum(w). Tokens of weight 0 are never drawn.
+  cumsum(w)[x] >= u * sum(w), the sums in float64 (so that backends adding in another
+  order still draw the same token). Tokens of weight 0 are never drawn;
+- uniforms come from the caller, from torch.Generators, or from a per-request counter
+  (Philox4x32-10 on (seed, offset + i)), which no other request in the batch affects.
 """
 
 from __future__ import annotations
@@ -67,34 +70,33 @@ def warp_logits(logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tenso
         kth = x.topk(int(k[use_top_k].max()), dim=-1).values
         kth = kth.gather(-1, (k.clamp(1, kth.shape[-1]) - 1)[:, None])
         x = x.masked_fill(use_top_k[:, None] & (x < kth), float("-inf"))
-    probs = torch.softmax(x, dim=-1)
+    # In float64, rounded to fp32 once at the end: an fp32 softmax sums V terms with an
+    # error of ~1e-5 at V = 262,144, which would move every sampling boundary.
+    probs = torch.softmax(x.double(), dim=-1)
 
     use_top_p = p < 1
     if use_top_p.any():
-        # The kept set is decided in float64, so every backend draws the same boundary
-        # (in fp32, rounding flips near-threshold tokens at large V).
-        p64 = torch.softmax(x.double(), dim=-1)
-        sorted_p64 = p64.sort(dim=-1, descending=True).values
-        mass_before = sorted_p64.cumsum(-1) - sorted_p64
+        sorted_p = probs.sort(dim=-1, descending=True).values
+        mass_before = sorted_p.cumsum(-1) - sorted_p
         n_keep = (mass_before < p.double()[:, None]).sum(-1, keepdim=True)  # >= 1: mass_before[0] == 0
-        threshold = sorted_p64.gather(-1, n_keep - 1)
-        probs = probs.masked_fill(use_top_p[:, None] & (p64 < threshold), 0.0)
+        threshold = sorted_p.gather(-1, n_keep - 1)
+        probs = probs.masked_fill(use_top_p[:, None] & (probs < threshold), 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
 
     if greedy.any():
         one_hot = torch.zeros_like(probs).scatter_(-1, logits.reshape(-1, vocab).argmax(-1, keepdim=True), 1.0)
         probs = torch.where(greedy[:, None], one_hot, probs)
-    return probs.reshape(shape)
+    return probs.float().reshape(shape)
 
 
 def sample_inverse_cdf(weights: Tensor, u: Tensor) -> Tensor:
     """Draw one token per row from unnormalised non-negative ``weights`` [N, V] with uniforms ``u`` [N] in (0, 1].
 
-    Returns int64 [N]: the smallest x with cumsum(weights)[x] >= u * sum(weights).
+    Returns int64 [N]: the smallest x with cumsum(weights)[x] >= u * sum(weights), in float64.
     """
-    cdf = weights.cumsum(-1)
+    cdf = weights.double().cumsum(-1)
     # The total is the cdf's own last entry, so u = 1 lands on the last token of positive weight.
-    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None]).squeeze(-1).clamp_(max=weights.shape[-1] - 1)
+    return torch.searchsorted(cdf, (u.double() * cdf[:, -1])[:, None]).squeeze(-1).clamp_(max=weights.shape[-1] - 1)
 
 
 def entropy(probs: Tensor) -> Tensor:
@@ -116,3 +118,42 @@ def draw_uniforms(batch: int, n: int, generator: Generators = None, device: torc
             raise ValueError(f"got {len(generator)} generators for a batch of {batch}")
         u = torch.stack([torch.rand(n, generator=g, device=g.device) for g in generator])
     return (1.0 - u).to(device)
+
+
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)  # round multipliers
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)  # key increments (Weyl sequence)
+MASK32 = 0xFFFFFFFF
+
+
+def _mulhilo32(a: int, b: Tensor) -> tuple[Tensor, Tensor]:
+    """(high, low) 32-bit words of a * b for a 32-bit constant a and int64 tensor b in [0, 2^32),
+    in 16-bit halves of b so no int64 product overflows."""
+    lo_part, hi_part = a * (b & 0xFFFF), a * (b >> 16)  # each < 2^48
+    mid = lo_part + ((hi_part & 0xFFFF) << 16)
+    return (hi_part >> 16) + (mid >> 32), mid & MASK32
+
+
+def philox4x32(counter: tuple[Tensor, Tensor, Tensor, Tensor], key: tuple[Tensor, Tensor], rounds: int = 10):
+    """Philox4x32 (Salmon et al., SC 2011) on 32-bit words held in int64 tensors; returns 4 words."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(rounds):
+        hi0, lo0 = _mulhilo32(PHILOX_M[0], c0)
+        hi1, lo1 = _mulhilo32(PHILOX_M[1], c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + PHILOX_W[0]) & MASK32, (k1 + PHILOX_W[1]) & MASK32
+    return c0, c1, c2, c3
+
+
+def philox_uniforms(seed: Tensor, offset: Tensor, n: int) -> Tensor:
+    """Counter-based uniforms in (0, 1], reference (csrc/philox.h and the Triton kernel match it bit for bit).
+
+    Shape: seed [B] int64, offset [B] int64 -> [B, n] fp32. Uniform i of row b is
+    ((r >> 8) + 1) * 2^-24 with r the first word of Philox4x32-10 on counter
+    (offset_b + i) (low word, high word, 0, 0) and key seed_b (low word, high word).
+    """
+    counter = offset[:, None] + torch.arange(n, device=offset.device)  # [B, n], wraps like uint64
+    seed = seed[:, None].expand_as(counter)
+    zero = torch.zeros_like(counter)
+    r = philox4x32((counter & MASK32, (counter >> 32) & MASK32, zero, zero), (seed & MASK32, (seed >> 32) & MASK32))[0]
+    return ((r >> 8) + 1).float() * 2.0**-24

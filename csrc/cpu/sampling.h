@@ -1,180 +1,373 @@
-// Verification kernels for the CPU on raw pointers (no tensors); the only torch header is
-// ATen's SIMD vector type, for a vectorised exp.
+// Verification kernels for the CPU on raw pointers; no torch headers.
 //
-// The math is specdec_fast/sampling.py and specdec_fast/reference/verify.py; this file
-// follows it step by step. Every function works on one row of V entries; the callers in
-// ops.cpp parallelise over rows. Cumulative sums that decide a sampled token are
-// accumulated in double and rounded to float per element, as torch.cumsum does on the CPU,
-// so that the same uniforms give the same tokens as the reference.
+// The math is specdec_fast/sampling.py and specdec_fast/reference/verify.py. A row's warped
+// distribution is never materialised while it is tested: RowDist keeps the numbers that
+// define it (max, normaliser, kept-set threshold) and p(x) is computed from them. A row is
+// read from memory once, in L1-sized chunks: each chunk's scaled logits z, its max m_c and
+// e = exp(z - m_c) go to per-thread scratch, so the stop row's residual needs no second exp.
+// Every function works on one row of V entries; ops.cpp parallelises over rows.
 #pragma once
-
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <limits>
-#include <vector>
+#include <memory>
+#include <type_traits>
+
+#include "simd.h"
 
 namespace specdec {
 
 constexpr float kResidualEps = 1e-6f;  // reference/verify.py RESIDUAL_EPS
+constexpr int64_t kChunk = 2048;       // elements per chunk: 8 KB of fp32, stays in L1
+constexpr int64_t kFlush = 16;         // vectors summed in fp32 before adding into double
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Storage types of 16-bit logits (bit patterns; the ops pass c10::BFloat16 / c10::Half data).
+struct BFloat16 { uint16_t bits; };
+struct Half { uint16_t bits; };
+
+inline float to_float(float x) { return x; }
+inline float to_float(double x) { return static_cast<float>(x); }
+inline float to_float(BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float to_float(Half x) {
+  _Float16 h;
+  std::memcpy(&h, &x.bits, sizeof h);
+  return static_cast<float>(h);
+}
 
 struct Sampling {
   float temperature;  // 0 = greedy
   int64_t top_k;      // <= 0 or >= V: off
   float top_p;        // >= 1: off
-  bool plain(int64_t V) const { return temperature > 0 && (top_k <= 0 || top_k >= V) && top_p >= 1.0f; }
 };
 
+inline int64_t num_chunks(int64_t V) { return (V + kChunk - 1) / kChunk; }
+inline int64_t padded(int64_t n) { return (n + kWidth - 1) / kWidth * kWidth; }
+
+// A key that orders floats as integers: a < b iff key(a) < key(b) (no NaN reaches here).
+inline uint32_t order_key(float z) {
+  uint32_t bits;
+  std::memcpy(&bits, &z, sizeof bits);
+  return (bits & 0x80000000u) ? ~bits : bits | 0x80000000u;
+}
+
+// Per-thread scratch for rows of up to V entries (padded to whole vectors), kept between calls.
+struct Scratch {
+  int64_t capacity = 0;
+  std::unique_ptr<float[]> z;           // [V] scaled logits, -inf in the padding
+  std::unique_ptr<float[]> e;           // [V] exp(z - m_c) of the kept entries, 0 elsewhere
+  std::unique_ptr<float[]> w;           // [V] sampling weights
+  std::unique_ptr<double[]> p64;        // [V] top-p only: probabilities in double
+  std::unique_ptr<uint32_t[]> keys;     // [V] top-k/top-p only: order keys of z
+  std::unique_ptr<float[]> chunk_max;   // [chunks] m_c
+  std::unique_ptr<double[]> chunk_sum;  // [chunks] per-chunk sums (of e, then of the weights)
+  void reserve(int64_t V) {
+    if (V <= capacity) return;
+    const int64_t n = padded(V), chunks = num_chunks(V);
+    z.reset(new float[n]), e.reset(new float[n]), w.reset(new float[n]);
+    p64.reset(new double[n]), keys.reset(new uint32_t[n]);
+    chunk_max.reset(new float[chunks]), chunk_sum.reset(new double[chunks]);
+    capacity = V;
+  }
+};
+
+inline Scratch& thread_scratch(int64_t V) {
+  thread_local Scratch s;
+  s.reserve(V);
+  return s;
+}
+
+// z[i] = logits[i] / t for i < n (as the reference divides), -inf up to the next whole vector.
 template <typename T>
-int64_t argmax(const T* x, int64_t V) {
+void scale_chunk(const T* logits, int64_t n, float t, float* z) {
+  if (t == 1.0f) {
+    for (int64_t i = 0; i < n; ++i) z[i] = to_float(logits[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) z[i] = to_float(logits[i]) / t;
+  }
+  for (int64_t i = n; i < padded(n); ++i) z[i] = kNegInf;
+}
+
+inline float max_of(const float* z, int64_t n) {  // n: a multiple of kWidth
+  vfloat m = splat(kNegInf);
+  for (int64_t i = 0; i < n; i += kWidth) m = vmax(m, load(z + i));
+  return reduce_max(m);
+}
+
+// e[i] = exp(z[i] - m) for i < n (a multiple of kWidth); returns their sum (fp32 partial
+// sums of kFlush vectors, added in double: the normaliser scales every probability).
+inline double exp_and_sum(const float* z, int64_t n, float m, float* e) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n;) {
+    vfloat part = {};
+    for (int64_t end = std::min(n, i + kFlush * kWidth); i < end; i += kWidth) {
+      const vfloat v = exp_nonpositive(load(z + i) - m);
+      store(e + i, v);
+      part += v;
+    }
+    total += sum_lanes(part);
+  }
+  return total;
+}
+
+// The smallest key k among the row's elements with  sum_{key_i > k} weight_i < limit.
+// Bisection on the 32-bit key, one pass per bit: with weight 1 and limit top_k it is the
+// top-k rule ("fewer than k logits strictly greater"), with weight p and limit top_p the
+// top-p rule ("mass strictly greater below top_p"). The Triton and CUDA kernels use the
+// same search, so every backend draws the same boundary, ties included.
+template <typename Weight>
+uint32_t smallest_kept_key(const uint32_t* keys, int64_t V, Weight weight, double limit) {
+  int64_t below = -1;  // the largest key known to fail the rule (all keys <= below fail)
+  for (int bit = 31; bit >= 0; --bit) {
+    const int64_t probe = below + (int64_t{1} << bit);
+    double above = 0.0;
+    for (int64_t i = 0; i < V; ++i)
+      if (keys[i] > probe) above += weight(i);
+    if (!(above < limit)) below = probe;
+  }
+  return static_cast<uint32_t>(below + 1);
+}
+
+// The warped distribution of one row (temperature, top-k, softmax, top-p, renormalise),
+// kept as  p(x) = kept(x) ? exp(z_x - max) / sum : 0,  z_x = logit_x / temperature,
+// kept(x) iff order_key(z_x) >= min_key, the sum over the kept x. Greedy rows are the
+// point mass on the first argmax.
+struct RowDist {
+  int64_t argmax = -1;   // >= 0 for greedy rows
+  float temperature = 1.0f;
+  uint32_t min_key = 0;  // 0: every token kept
+  float max = 0.0f;
+  double inv_sum = 1.0;
+
+  // p(x) from x's logit.
+  template <typename T>
+  float prob(T logit, int64_t x) const {
+    if (argmax >= 0) return x == argmax ? 1.0f : 0.0f;
+    const float z = to_float(logit) / temperature;
+    return order_key(z) >= min_key ? static_cast<float>(std::exp(static_cast<double>(z) - max) * inv_sum) : 0.0f;
+  }
+};
+
+// Index of the first maximum of a row; z: scratch for one chunk.
+template <typename T>
+int64_t argmax(const T* logits, int64_t V, float* z) {
   int64_t best = 0;
-  float best_value = static_cast<float>(x[0]);
-  for (int64_t i = 1; i < V; ++i) {
-    const float v = static_cast<float>(x[i]);
-    if (v > best_value) best_value = v, best = i;
+  float best_value = kNegInf;
+  for (int64_t c = 0; c < V; c += kChunk) {
+    const int64_t n = std::min(kChunk, V - c);
+    scale_chunk(logits + c, n, 1.0f, z);
+    const float mc = max_of(z, padded(n));
+    if (!(mc > best_value)) continue;  // ties with an earlier chunk keep the earlier index
+    best_value = mc;
+    best = c + (std::find(z, z + n, mc) - z);
   }
   return best;
 }
 
-using Vec = at::vec::Vectorized<float>;
-
-// x[i] = logits[i] / t, in float (the reference divides the same way).
-template <typename T>
-void scale_row(const T* logits, int64_t V, float t, float* x) {
-  for (int64_t i = 0; i < V; ++i) x[i] = static_cast<float>(logits[i]) / t;
-}
-
-inline float row_max(const float* x, int64_t V) {
-  return at::vec::reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, x, V);
-}
-
-inline float sum_exp(const float* x, int64_t V, float m) {
-  return at::vec::map_reduce_all<float>([m](Vec v) { return (v - Vec(m)).exp(); },
-                                        [](Vec a, Vec b) { return a + b; }, x, V);
-}
-
-// The warped distribution of one row into probs[V]; scratch[V] is work space.
-template <typename T>
-void warp_row(const T* logits, int64_t V, Sampling s, float* probs, float* scratch) {
-  if (s.temperature == 0.0f) {  // greedy: point mass on the first argmax
-    std::fill(probs, probs + V, 0.0f);
-    probs[argmax(logits, V)] = 1.0f;
-    return;
-  }
-  scale_row(logits, V, s.temperature, probs);
-  if (s.top_k > 0 && s.top_k < V) {  // keep x iff fewer than k logits are strictly greater
-    std::copy(probs, probs + V, scratch);
-    std::nth_element(scratch, scratch + (s.top_k - 1), scratch + V, std::greater<float>());
-    const float kth = scratch[s.top_k - 1];
+// Fills s.z, s.e, s.chunk_max, s.chunk_sum for a row with top-k and/or top-p, whose kept
+// set is decided on the whole row first.
+inline void filtered_row(RowDist& d, int64_t V, Sampling samp, Scratch& s) {
+  const float* z = s.z.get();
+  uint32_t* keys = s.keys.get();
+  for (int64_t i = 0; i < V; ++i) keys[i] = order_key(z[i]);
+  if (samp.top_k > 0 && samp.top_k < V)
+    d.min_key = smallest_kept_key(keys, V, [](int64_t) { return 1.0; }, static_cast<double>(samp.top_k));
+  d.max = max_of(z, padded(V));  // the max is always kept
+  if (samp.top_p < 1.0f) {  // the kept set is decided on p in double, as in the reference
+    double* p64 = s.p64.get();
+    double total = 0.0;
     for (int64_t i = 0; i < V; ++i)
-      if (probs[i] < kth) probs[i] = -std::numeric_limits<float>::infinity();
-  }
-  const float m = row_max(probs, V);
-  std::vector<double> p64;
-  if (s.top_p < 1.0f) {  // the kept set is decided in double, as in the reference
-    p64.resize(V);
-    double total = 0.0;
-    for (int64_t i = 0; i < V; ++i) total += p64[i] = std::exp(static_cast<double>(probs[i]) - m);
+      total += p64[i] = keys[i] >= d.min_key ? std::exp(static_cast<double>(z[i]) - d.max) : 0.0;
     for (int64_t i = 0; i < V; ++i) p64[i] /= total;
+    d.min_key = smallest_kept_key(keys, V, [p64](int64_t i) { return p64[i]; }, static_cast<double>(samp.top_p));
   }
-  const float sum = sum_exp(probs, V, m);
-  at::vec::map([m, sum](Vec v) { return (v - Vec(m)).exp() / Vec(sum); }, probs, probs, V);
-  if (s.top_p < 1.0f) {  // keep x iff the mass strictly above p(x) is below top_p
-    std::vector<double> sorted(p64);
-    std::sort(sorted.begin(), sorted.end(), std::greater<double>());
-    double cum = 0.0;
-    int64_t keep = 0;
-    for (; keep < V; ++keep) {
-      cum += sorted[keep];
-      if (!(cum - sorted[keep] < static_cast<double>(s.top_p))) break;
+  for (int64_t c = 0, k = 0; c < V; c += kChunk, ++k) {
+    const int64_t n = padded(std::min(kChunk, V - c));
+    s.chunk_max[k] = d.max;
+    s.chunk_sum[k] = exp_and_sum(z + c, n, d.max, s.e.get() + c);
+    for (int64_t i = c; i < std::min(V, c + n); ++i)
+      if (keys[i] < d.min_key) s.e[i] = 0.0f;
+    if (d.min_key != 0) {
+      double sum = 0.0;
+      for (int64_t i = c; i < c + n; ++i) sum += s.e[i];
+      s.chunk_sum[k] = sum;
     }
-    const double threshold = sorted[std::max<int64_t>(keep, 1) - 1];
-    double total = 0.0;
-    for (int64_t i = 0; i < V; ++i) {
-      if (p64[i] < threshold) probs[i] = 0.0f;
-      total += probs[i];
-    }
-    const float inv_total = static_cast<float>(1.0 / total);
-    for (int64_t i = 0; i < V; ++i) probs[i] *= inv_total;
   }
 }
 
-// p(x) of one row from its max and normaliser alone (plain sampling or greedy only).
+// Runs body(k) for the chunks k of a row; ops.cpp passes a parallel version for small batches.
+struct Serial {
+  template <typename F>
+  void operator()(int64_t chunks, F body) const {
+    for (int64_t k = 0; k < chunks; ++k) body(k);
+  }
+};
+
+// The scaled logits of chunk k, padded to whole vectors: the logits themselves when they
+// are fp32 at temperature 1 and the chunk is whole, else scaled into s.z.
 template <typename T>
-float prob_of(const T* logits, int64_t V, Sampling s, int64_t x, float* scratch) {
-  if (s.temperature == 0.0f) return argmax(logits, V) == x ? 1.0f : 0.0f;
-  scale_row(logits, V, s.temperature, scratch);
-  const float m = row_max(scratch, V);
-  return std::exp(scratch[x] - m) / sum_exp(scratch, V, m);
+const float* chunk_z(const T* logits, int64_t V, float t, int64_t k, Scratch& s) {
+  const int64_t c = k * kChunk, n = std::min(kChunk, V - c);
+  if constexpr (std::is_same_v<T, float>) {
+    if (t == 1.0f && n == kChunk) return logits + c;
+  }
+  scale_chunk(logits + c, n, t, s.z.get() + c);
+  return s.z.get() + c;
 }
 
-// Inverse CDF: the smallest x with cumsum(w)[x] >= u * sum(w), w >= 0, u in (0, 1].
-inline int64_t sample_inverse_cdf(const float* w, int64_t V, float u) {
-  double total = 0.0;
-  for (int64_t i = 0; i < V; ++i) total += w[i];
-  const float target = u * static_cast<float>(total);
-  double cum = 0.0;
-  for (int64_t i = 0; i < V; ++i) {
-    cum += w[i];
-    if (static_cast<float>(cum) >= target) return i;
+// Build the RowDist of a row of logits, leaving e and the per-chunk max and sums in s
+// (and z in s.z for filtered rows).
+template <typename T, typename ForChunks = Serial>
+RowDist row_dist(const T* logits, int64_t V, Sampling samp, Scratch& s, ForChunks for_chunks = {}) {
+  RowDist d;
+  if (samp.temperature == 0.0f) {
+    d.argmax = argmax(logits, V, s.z.get());
+    return d;
   }
-  return V - 1;
+  d.temperature = samp.temperature;
+  const int64_t chunks = num_chunks(V);
+  if ((samp.top_k > 0 && samp.top_k < V) || samp.top_p < 1.0f) {
+    for (int64_t c = 0; c < V; c += kChunk) scale_chunk(logits + c, std::min(kChunk, V - c), samp.temperature, s.z.get() + c);
+    filtered_row(d, V, samp, s);
+  } else {  // the hot path: each chunk read once, its max and exps from L1
+    for_chunks(chunks, [&](int64_t k) {
+      const int64_t n = padded(std::min(kChunk, V - k * kChunk));
+      const float* z = chunk_z(logits, V, samp.temperature, k, s);
+      float* e = s.e.get() + k * kChunk;
+      const float mc = s.chunk_max[k] = max_of(z, n);
+      if (mc == kNegInf) std::fill(e, e + n, 0.0f);
+      s.chunk_sum[k] = mc == kNegInf ? 0.0 : exp_and_sum(z, n, mc, e);
+    });
+    d.max = *std::max_element(s.chunk_max.get(), s.chunk_max.get() + chunks);
+  }
+  double sum = 0.0;
+  for (int64_t k = 0; k < chunks; ++k)
+    if (s.chunk_max[k] != kNegInf) sum += s.chunk_sum[k] * std::exp(static_cast<double>(s.chunk_max[k]) - d.max);
+  d.inv_sum = 1.0 / sum;
+  return d;
+}
+
+// w[x] = p(x) (q == nullptr) or max(0, p(x) - q[x]) from a row_dist's scratch, with
+// s.chunk_sum[k] = the sum of chunk k's weights (double); returns the total. w has room
+// for V rounded up to whole vectors unless `exact_end`, then exactly V entries.
+template <typename ForChunks = Serial>
+double fill_weights(const RowDist& d, const float* q, int64_t V, Scratch& s, float* w, bool exact_end,
+                    ForChunks for_chunks = {}) {
+  for_chunks(num_chunks(V), [&](int64_t k) {
+    const int64_t c = k * kChunk, n = std::min(kChunk, V - c);
+    const vfloat scale = splat(static_cast<float>(std::exp(static_cast<double>(s.chunk_max[k]) - d.max) * d.inv_sum));
+    double sum = 0.0;
+    for (int64_t i = 0; i < n;) {
+      vfloat part = {};
+      for (int64_t end = std::min(n, i + kFlush * kWidth); i < end; i += kWidth) {
+        vfloat v = load(s.e.get() + c + i) * scale;
+        if (q != nullptr) v = vmax(v - (i + kWidth <= n ? load(q + c + i) : load_partial(q + c + i, n - i, 0.0f)), vfloat{});
+        if (exact_end && i + kWidth > n) store_partial(w + c + i, v, n - i);
+        else store(w + c + i, v);
+        part += v;
+      }
+      sum += sum_lanes(part);
+    }
+    s.chunk_sum[k] = sum;
+  });
+  double total = 0.0;
+  for (int64_t k = 0; k < num_chunks(V); ++k) total += s.chunk_sum[k];
+  return total;
+}
+
+// Inverse CDF over weights w[V] >= 0 with per-chunk sums: the smallest x with
+// cumsum(w)[x] >= u * sum(w), cumulated in double (reference: sample_inverse_cdf).
+inline int64_t sample_inverse_cdf(const float* w, const double* chunk_sum, int64_t V, float u) {
+  const int64_t chunks = num_chunks(V);
+  double total = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) total += chunk_sum[k];
+  const double target = static_cast<double>(u) * total;
+  double cum = 0.0;
+  for (int64_t k = 0; k < chunks; ++k) {
+    if (cum + chunk_sum[k] >= target) {
+      for (int64_t i = k * kChunk, end = std::min(V, i + kChunk); i < end; ++i) {
+        cum += w[i];
+        if (cum >= target && w[i] > 0.0f) return i;
+      }
+    }
+    cum += chunk_sum[k];
+  }
+  for (int64_t i = V - 1; i > 0; --i)  // rounding put the target past the end: the last token of weight > 0
+    if (w[i] > 0.0f) return i;
+  return 0;
 }
 
 // One row of token-wise verification. target: [K+1, V] logits, q: [K, V], tokens: [K],
 // u: [K+1]. Writes out_tokens[K+1] (padded with -1) and returns the accepted count.
-template <typename T>
+template <typename T, typename ForChunks = Serial>
 int64_t verify_row(const T* target, const float* q, const int64_t* tokens, int64_t len, int64_t K, int64_t V,
-                   Sampling s, const float* u, int64_t* out_tokens, float* p, float* scratch) {
-  const bool plain = s.plain(V) || s.temperature == 0.0f;
+                   Sampling samp, const float* u, int64_t* out_tokens, Scratch& s, ForChunks for_chunks = {}) {
   int64_t j = 0;
-  for (; j < len; ++j) {
+  RowDist d;
+  for (;; ++j) {
+    d = row_dist(target + j * V, V, samp, s, for_chunks);
+    if (j == len) break;
     const int64_t x = tokens[j];
     const float qx = q[j * V + x];
-    float px;
-    if (plain) {
-      px = prob_of(target + j * V, V, s, x, scratch);
-    } else {
-      warp_row(target + j * V, V, s, p, scratch);
-      px = p[x];
-    }
-    if (!(qx > 0.0f && u[j] * qx <= px)) break;  // q(x) == 0 cannot come from sampling q: reject
-  }
-  warp_row(target + j * V, V, s, p, scratch);
-  if (j < len) {  // residual max(0, p - q); sample from p if it has no mass
-    const float* qj = q + j * V;
-    double mass = 0.0;
-    for (int64_t i = 0; i < V; ++i) {
-      scratch[i] = std::max(p[i] - qj[i], 0.0f);
-      mass += scratch[i];
-    }
-    if (static_cast<float>(mass) > kResidualEps) std::copy(scratch, scratch + V, p);
+    if (!(qx > 0.0f && u[j] * qx <= d.prob(target[j * V + x], x))) break;  // q(x) == 0: reject
   }
   for (int64_t i = 0; i <= K; ++i) out_tokens[i] = i < j ? tokens[i] : -1;
-  out_tokens[j] = sample_inverse_cdf(p, V, u[K]);
+  if (d.argmax >= 0) {  // greedy: the residual of a point mass is the point mass
+    out_tokens[j] = d.argmax;
+    return j;
+  }
+  // The residual max(0, p - q) at a rejection; p itself for the bonus or an empty residual.
+  float* w = s.w.get();
+  if (j == len || static_cast<float>(fill_weights(d, q + j * V, V, s, w, false, for_chunks)) <= kResidualEps)
+    fill_weights(d, nullptr, V, s, w, false, for_chunks);
+  out_tokens[j] = sample_inverse_cdf(w, s.chunk_sum.get(), V, u[K]);
   return j;
 }
 
-// One draft step: warp, sample with u, report q(token), H(q) and max q. probs: [V] out.
+// H(q) = sum_x q(x) (log(sum) - (z_x - max)) over x with q(x) > 0: no log per element.
 template <typename T>
-int64_t draft_step_row(const T* logits, int64_t V, Sampling s, float u, float* probs, float* scratch,
-                       float* token_prob, float* entropy, float* top1) {
-  warp_row(logits, V, s, probs, scratch);
-  const int64_t x = sample_inverse_cdf(probs, V, u);
+double entropy(const T* logits, const float* probs, int64_t V, const RowDist& d, Scratch& s) {
+  const vfloat log_sum = splat(static_cast<float>(-std::log(d.inv_sum))), max = splat(d.max);
   double h = 0.0;
-  float best = 0.0f;
-  for (int64_t i = 0; i < V; ++i) {
-    const float q = probs[i];
-    if (q > 0.0f) h -= static_cast<double>(q) * std::log(static_cast<double>(q));
-    best = std::max(best, q);
+  for (int64_t k = 0; k < num_chunks(V); ++k) {
+    const int64_t c = k * kChunk, n = std::min(kChunk, V - c);
+    const float* z = chunk_z(logits, V, d.temperature, k, s);
+    for (int64_t i = 0; i < n;) {
+      vfloat part = {};
+      for (int64_t end = std::min(n, i + kFlush * kWidth); i < end; i += kWidth) {
+        const vfloat p = i + kWidth <= n ? load(probs + c + i) : load_partial(probs + c + i, n - i, 0.0f);
+        part += p > 0.0f ? p * (log_sum - (load(z + i) - max)) : vfloat{};
+      }
+      h += sum_lanes(part);
+    }
   }
+  return h;
+}
+
+// One draft step: warp, sample with u, report q(token), H(q) and max q. probs: [V] out.
+template <typename T, typename ForChunks = Serial>
+int64_t draft_step_row(const T* logits, int64_t V, Sampling samp, float u, float* probs, Scratch& s,
+                       float* token_prob, float* entropy_out, float* top1, ForChunks for_chunks = {}) {
+  const RowDist d = row_dist(logits, V, samp, s, for_chunks);
+  if (d.argmax >= 0) {
+    std::fill(probs, probs + V, 0.0f);
+    probs[d.argmax] = 1.0f;
+    *token_prob = *top1 = 1.0f;
+    *entropy_out = 0.0f;
+    return d.argmax;
+  }
+  fill_weights(d, nullptr, V, s, probs, true, for_chunks);
+  const int64_t x = sample_inverse_cdf(probs, s.chunk_sum.get(), V, u);
   *token_prob = probs[x];
-  *entropy = static_cast<float>(h);
-  *top1 = best;
+  *entropy_out = static_cast<float>(entropy(logits, probs, V, d, s));
+  *top1 = static_cast<float>(d.inv_sum);  // p(argmax) = exp(0) / sum
   return x;
 }
 

@@ -1,0 +1,72 @@
+// Portable SIMD for the CPU kernels: GCC/Clang vector extensions, so the same source is
+// AVX2 or AVX-512 code (whatever the JIT build's -march=native allows) and NEON on Arm.
+// No torch headers: the kernels see raw pointers only.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace specdec {
+
+#if defined(__AVX512F__)
+constexpr int kWidth = 16;
+#else
+constexpr int kWidth = 8;
+#endif
+
+typedef float vfloat __attribute__((vector_size(4 * kWidth)));
+typedef int32_t vint __attribute__((vector_size(4 * kWidth)));
+
+inline vfloat splat(float x) { return vfloat{} + x; }
+inline vfloat load(const float* p) {
+  vfloat v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+
+// The first n (< kWidth) lanes from p, the rest `fill`: reads nothing past p[n - 1].
+inline vfloat load_partial(const float* p, int64_t n, float fill) {
+  float lanes[kWidth];
+  for (int l = 0; l < kWidth; ++l) lanes[l] = l < n ? p[l] : fill;
+  return load(lanes);
+}
+inline void store_partial(float* p, vfloat v, int64_t n) {
+  for (int l = 0; l < n; ++l) p[l] = v[l];
+}
+
+inline vfloat vmax(vfloat a, vfloat b) { return a > b ? a : b; }
+inline float reduce_max(vfloat v) {
+  float m = v[0];
+  for (int l = 1; l < kWidth; ++l) m = m > v[l] ? m : v[l];
+  return m;
+}
+// The lanes of v added in double (once per block of fp32 partial sums).
+inline double sum_lanes(vfloat v) {
+  double s = 0.0;
+  for (int l = 0; l < kWidth; ++l) s += v[l];
+  return s;
+}
+
+// exp(x) for x <= 0, within 2 ulp of the exact value; 0 below ln(FLT_MIN) (and for -inf).
+// Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, then Cephes' degree-6 polynomial
+// for exp(r) and 2^n built in the exponent bits. Branch-free, so it vectorises.
+inline vfloat exp_nonpositive(vfloat x) {
+  const vfloat n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
+  vfloat r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  vfloat p = splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + (r + 1.0f);
+  const vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
+  vfloat two_n;
+  std::memcpy(&two_n, &bits, sizeof two_n);
+  return x < -87.33654f ? vfloat{} : p * two_n;
+}
+
+}  // namespace specdec
