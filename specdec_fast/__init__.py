@@ -4,7 +4,7 @@ from .backends import backends
 from .cached_lm import CachedLM, HFCachedLM, as_cached_lm
 from .decoder import SpeculativeDecoder
 from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive
-from .ops import DraftStepOutput, VerifyOutput, draft_step, verify
+from .ops import DraftStepOutput, VerifyOutput, draft_step, philox_uniforms, verify
 from .policy import DraftPolicy, FixedDraftLength
 from .sampling import SamplingParams, warp_logits
 from .smollm2 import load_smollm2
@@ -28,6 +28,7 @@ __all__ = [
     "fast_generate",
     "generate_autoregressive",
     "load_smollm2",
+    "philox_uniforms",
     "verify",
     "warp_logits",
 ]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Callable
@@ -103,16 +102,29 @@ def cuda_arch() -> str:
     return "9.0"
 
 
+def _cuda_home() -> str | None:
+    """CUDA_HOME or CUDA_PATH, else /usr/local/cuda if it holds nvcc, else torch's guess from nvcc on
+    PATH (wrong when that nvcc is a wrapper script outside the toolkit)."""
+    from torch.utils import cpp_extension
+
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda", cpp_extension.CUDA_HOME):
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return home
+    return None
+
+
 @functools.cache
 def build_cuda() -> None:
     """Compile, link and load the CUDA kernels (needs nvcc and a CUDA build of torch, not a GPU)."""
     _check_jit()
     if torch.version.cuda is None:
         raise RuntimeError(f"torch {torch.__version__} is a CPU-only build")
-    from torch.utils.cpp_extension import CUDA_HOME
+    from torch.utils import cpp_extension
 
-    if CUDA_HOME is None or shutil.which("nvcc", path=str(Path(CUDA_HOME) / "bin")) is None:
+    home = _cuda_home()
+    if home is None:
         raise RuntimeError("nvcc not found (set CUDA_HOME to a CUDA toolkit)")
+    cpp_extension.CUDA_HOME = home  # read by the build; fixed at import from a PATH guess
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
     os.environ["TORCH_CUDA_ARCH_LIST"] = cuda_arch()
     try:

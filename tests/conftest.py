@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # the Triton kernels run on the CPU under the interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def tiny_llama(seed: int, vocab: int = 8, layers: int = 2, hidden: int = 32, init: float = 0.2, context: int = 64):

@@ -1,25 +1,34 @@
-"""Every kernel backend that runs here against the torch reference on the same uniforms:
-same tokens and counts; probabilities and features within the tolerances below."""
+"""Every kernel backend against the torch reference on the same uniforms: same tokens and
+counts; probabilities and features within the tolerances below. Plus the builds (the CUDA
+extension compiles and links here, the Triton kernels compile for sm_90), opcheck, and the
+dispatcher's fallback."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import re
+import subprocess
+import sys
 
+import numpy as np
 import pytest
 import torch
 
-from specdec_fast import backends, draft_step, verify
+from specdec_fast import backends, draft_step, philox_uniforms, verify
+from specdec_fast.sampling import philox4x32
 
-CPU_BACKENDS = ["cpu"]  # kernels that run on this machine's CPU (tested against "torch")
-# Stated tolerances (fp32 outputs). The softmax normaliser and the entropy are sums over V
-# terms, which the reference adds in fp32 and the kernels in double: at V = 262,144 that
-# alone moves probabilities by ~1e-5 relative.
-TOLERANCE = {"probs": dict(rtol=3e-5, atol=1e-7), "token_prob": dict(rtol=3e-5, atol=1e-7),
-             "entropy": dict(rtol=1e-4, atol=1e-5), "top1_prob": dict(rtol=3e-5, atol=1e-7)}
+from backend_params import kernel_params
+
+# Stated tolerances (fp32 outputs). The reference computes in float64 and rounds once; the
+# kernels use fp32 exps (a few ulp) with normalisers summed in double.
+TOLERANCE = {"probs": dict(rtol=2e-6, atol=1e-9), "token_prob": dict(rtol=2e-6, atol=1e-9),
+             "entropy": dict(rtol=2e-5, atol=2e-6), "top1_prob": dict(rtol=2e-6, atol=1e-9)}
 SETTINGS = {  # name: (temperature, top_k, top_p) per row, mixed inside one batch
     "plain": ([1.0], [0], [1.0]),
     "mixed": ([0.0, 0.7, 1.0, 1.3], [0, 0, 20, 5], [1.0, 0.9, 1.0, 0.8]),
 }
+SHAPES = [(1, 1, 41), (7, 4, 401), (4, 8, 1271), (3, 0, 32_000), (2, 3, 49_152), (2, 2, 262_144)]
 
 
 def make_inputs(batch, k, vocab, dtype, seed):
@@ -41,46 +50,53 @@ def per_row(setting, batch):
     return dict(temperature=repeat(t, torch.float32), top_k=repeat(k, torch.int64), top_p=repeat(p, torch.float32))
 
 
+def to(device, *tensors):
+    return [t.to(device) for t in tensors]
+
+
 def test_backends_reports_every_backend():
     status = backends()
-    assert status["torch"] is None and set(CPU_BACKENDS) <= set(status)
-    for name in CPU_BACKENDS:
-        assert status[name] is None, f"{name} backend failed to build/load here: {status[name]}"
+    assert status["torch"] is None and set(status) == {"torch", "cpu", "cuda", "triton"}
+    assert status["cpu"] is None, f"cpu backend failed to build/load here: {status['cpu']}"
+    if not torch.cuda.is_available():
+        assert status["cuda"] == "no CUDA device"
 
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("backend,device", kernel_params())
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("batch,k,vocab", [(1, 1, 41), (7, 4, 401), (4, 8, 1271), (3, 0, 32_000), (2, 3, 49_152), (2, 2, 262_144)])
-def test_verify_matches_reference(backend, setting, dtype, batch, k, vocab):
+@pytest.mark.parametrize("batch,k,vocab", SHAPES)
+def test_verify_matches_reference(backend, device, setting, dtype, batch, k, vocab):
     logits, q, x, lens, u = make_inputs(batch, k, vocab, dtype, seed=batch * 1000 + k * 10 + vocab)
     params = per_row(setting, batch)
     ref = verify(logits, q, x, lens, uniforms=u, backend="torch", **params)
-    out = verify(logits, q, x, lens, uniforms=u, backend=backend, **params)
-    mismatch = (ref.tokens != out.tokens).any(-1).nonzero().flatten().tolist()
-    assert not mismatch, f"rows {mismatch} differ: {ref.tokens[mismatch]} vs {out.tokens[mismatch]}"
-    assert torch.equal(ref.num_accepted, out.num_accepted) and torch.equal(ref.num_emitted, out.num_emitted)
-    assert ((out.tokens[:, : k + 1] >= -1) & (out.tokens < vocab)).all()
+    out = verify(*to(device, logits, q, x, lens), uniforms=u.to(device), backend=backend,
+                 **{name: t.to(device) for name, t in params.items()})
+    tokens = out.tokens.cpu()
+    mismatch = (ref.tokens != tokens).any(-1).nonzero().flatten().tolist()
+    assert not mismatch, f"rows {mismatch} differ: {ref.tokens[mismatch]} vs {tokens[mismatch]}"
+    assert torch.equal(ref.num_accepted, out.num_accepted.cpu()) and torch.equal(ref.num_emitted, out.num_emitted.cpu())
 
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
+@pytest.mark.parametrize("backend,device", kernel_params())
 @pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("batch,vocab", [(1, 41), (9, 401), (4, 49_152), (2, 262_144)])
-def test_draft_step_matches_reference(backend, setting, dtype, batch, vocab):
+def test_draft_step_matches_reference(backend, device, setting, dtype, batch, vocab):
     g = torch.Generator().manual_seed(vocab + batch)
     logits = (3 * torch.randn(batch, vocab, generator=g)).to(dtype)
     u = 1 - torch.rand(batch, generator=g)
     params = per_row(setting, batch)
     ref = draft_step(logits, uniforms=u, backend="torch", **params)
-    out = draft_step(logits, uniforms=u, backend=backend, **params)
-    assert torch.equal(ref.tokens, out.tokens)
+    out = draft_step(logits.to(device), uniforms=u.to(device), backend=backend,
+                     **{name: t.to(device) for name, t in params.items()})
+    assert torch.equal(ref.tokens, out.tokens.cpu())
     for name, tolerance in TOLERANCE.items():
-        torch.testing.assert_close(getattr(out, name), getattr(ref, name), **tolerance, msg=name)
+        torch.testing.assert_close(getattr(out, name).cpu(), getattr(ref, name), **tolerance, msg=name)
 
 
-@pytest.mark.parametrize("backend", CPU_BACKENDS)
-def test_masked_and_tied_logits(backend):
+@pytest.mark.parametrize("backend,device", kernel_params())
+def test_masked_and_tied_logits(backend, device):
     """-inf entries are never drawn; ties keep the first argmax in greedy rows."""
     logits = torch.full((3, 2, 10), float("-inf"))
     logits[:, :, 3] = 1.0
@@ -88,29 +104,105 @@ def test_masked_and_tied_logits(backend):
     q = torch.zeros(3, 1, 10)
     q[..., 7] = 1.0
     x = torch.full((3, 1), 7)
+    u = torch.tensor([[0.3, 1e-7], [0.9, 0.5], [1.0, 1.0]])
     for temperature in (0.0, 1.0):
-        out = verify(logits, q, x, uniforms=torch.tensor([[0.3, 1e-7], [0.9, 0.5], [1.0, 1.0]]),
-                     temperature=temperature, backend=backend)
-        ref = verify(logits, q, x, uniforms=torch.tensor([[0.3, 1e-7], [0.9, 0.5], [1.0, 1.0]]),
-                     temperature=temperature, backend="torch")
-        assert torch.equal(out.tokens, ref.tokens)
-        assert set(out.tokens[out.tokens >= 0].tolist()) <= {3, 7}
+        ref = verify(logits, q, x, uniforms=u, temperature=temperature, backend="torch")
+        out = verify(*to(device, logits, q, x), uniforms=u.to(device), temperature=temperature, backend=backend)
+        assert torch.equal(out.tokens.cpu(), ref.tokens)
+        assert set(ref.tokens[ref.tokens >= 0].tolist()) <= {3, 7}
 
 
-def test_explicit_backend_on_wrong_device_raises():
-    logits, q, x, lens, u = make_inputs(1, 1, 8, torch.float32, 0)
-    with pytest.raises(ValueError, match="unknown backend"):
-        verify(logits, q, x, lens, uniforms=u, backend="tpu")
+def test_philox_reference_matches_known_answers():
+    """Random123's known-answer vectors for Philox4x32-10."""
+    cases = [((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
+             ((0xFFFFFFFF,) * 4, (0xFFFFFFFF,) * 2, (0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD)),
+             ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0),
+              (0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1))]
+    for counter, key, expected in cases:
+        out = philox4x32(tuple(torch.tensor([c]) for c in counter), tuple(torch.tensor([k]) for k in key))
+        assert tuple(int(o) for o in out) == expected
 
 
-def test_opcheck_registered_ops():
+@pytest.mark.parametrize("backend,device", kernel_params())
+def test_philox_uniforms_same_bits_as_reference(backend, device):
+    seed = torch.tensor([0, 1, 2**40 + 3, -5])
+    offset = torch.tensor([0, 2**32 - 2, 7, 2**62])  # counters crossing the 32-bit word boundary
+    ref = philox_uniforms(seed, offset, 37, backend="torch")
+    assert torch.equal(philox_uniforms(seed.to(device), offset.to(device), 37, backend=backend).cpu(), ref)
+    assert bool(((ref > 0) & (ref <= 1)).all())
+
+
+@pytest.mark.parametrize("backend,device", kernel_params())
+def test_seeded_rows_do_not_depend_on_the_batch(backend, device):
+    """With per-request (seed, offset) a row's result is the same alone or in any batch."""
+    logits, q, x, lens, _ = make_inputs(6, 3, 97, torch.float32, 3)
+    seeds, offsets = torch.arange(6) * 1000 + 17, torch.arange(6) * 4
+    args = to(device, logits, q, x, lens)
+    full = verify(*args, seed=seeds.to(device), offset=offsets.to(device), backend=backend)
+    perm = torch.tensor([4, 1, 5, 0])
+    part = verify(*(a[perm.to(device)] for a in args), seed=seeds[perm].to(device), offset=offsets[perm].to(device),
+                  backend=backend)
+    assert torch.equal(full.tokens[perm.to(device)].cpu(), part.tokens.cpu())
+    ref = verify(logits, q, x, lens, seed=seeds, offset=offsets, backend="torch")
+    assert torch.equal(full.tokens.cpu(), ref.tokens)
+
+
+def zeros(shape, dtype, device):
+    """A zero tensor; on the CPU backed by untouched (zero) pages, so reading it costs no memory."""
+    if device != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    storage = np.zeros(int(np.prod(shape)) * dtype.itemsize // 2, dtype=np.int16)  # calloc: lazily zeroed
+    return torch.from_numpy(storage).view(dtype).reshape(shape)
+
+
+@pytest.mark.parametrize("backend,device", kernel_params(interpreter_too_slow="a 2^31-element batch needs the GPU, not the interpreter"))
+def test_offsets_beyond_32_bits(backend, device):
+    """The last row of a batch starts 2^31 elements in: its result equals the reference's on that row alone."""
+    batch, vocab = 4097, 262_144  # 4096 * 2 * 262,144 = 2^31
+    logits, q = zeros((batch, 2, vocab), torch.bfloat16, device), zeros((batch, 1, vocab), torch.float32, device)
+    last_logits, last_q, last_x, _, last_u = make_inputs(1, 1, vocab, torch.bfloat16, seed=11)
+    logits[-1], q[-1] = last_logits[0].to(device), last_q[0].to(device)
+    x = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+    x[-1] = last_x[0].to(device)
+    u = torch.full((batch, 2), 0.5, device=device)
+    u[-1] = last_u[0].to(device)
+    out = verify(logits, q, x, uniforms=u, backend=backend)
+    ref = verify(last_logits, last_q, last_x, uniforms=last_u, backend="torch")
+    assert torch.equal(out.tokens[-1:].cpu(), ref.tokens)
+
+
+@pytest.mark.parametrize("backend,device", kernel_params())
+def test_opcheck_registered_ops(backend, device):
     """torch.library.opcheck: schema, fake (meta) implementation and dispatch of the custom ops."""
-    backends()  # builds and registers the CPU kernels
-    logits, q, x, lens, u = make_inputs(3, 4, 97, torch.float32, 1)
-    params = per_row("mixed", 3)
-    sampling = (params["temperature"], params["top_k"], params["top_p"])
-    torch.library.opcheck(torch.ops.specdec_fast.verify.default, (logits, q, x, lens, *sampling, u))
-    torch.library.opcheck(torch.ops.specdec_fast.draft_step.default, (logits[:, 0], *sampling, u[:, 0]))
+    prefix = "triton_" if backend == "triton" else ""
+    logits, q, x, lens, u = to(device, *make_inputs(3, 4, 97, torch.float32, 1))
+    sampling = [t.to(device) for t in per_row("mixed", 3).values()]
+    ops = torch.ops.specdec_fast
+    torch.library.opcheck(getattr(ops, prefix + "verify").default, (logits, q, x, lens, *sampling, u))
+    torch.library.opcheck(getattr(ops, prefix + "draft_step").default, (logits[:, 0], *sampling, u[:, 0]))
+    seed = torch.arange(3, device=device)
+    torch.library.opcheck(getattr(ops, prefix + "philox_uniforms").default, (seed, seed * 7, 5))
+
+
+def test_cuda_extension_compiles_and_links():
+    """csrc/cuda builds with nvcc and loads here; running its kernels needs a GPU (the tests above)."""
+    from specdec_fast.backends import build_cuda
+
+    if torch.version.cuda is None:
+        pytest.skip(f"CUDA toolchain absent: torch {torch.__version__} is a CPU-only build")
+    build_cuda()
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("specdec_fast::verify", "CUDA")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("specdec_fast::draft_step", "CUDA")
+
+
+def test_triton_kernels_compile_for_sm90():
+    """The Triton kernels compile to sm_90 cubins without a GPU (in a process without the interpreter)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-m", "triton_kernels.aot", "--arch", "90"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for kernel in ("verify", "draft_step", "philox"):
+        assert re.search(rf"^{kernel}: [1-9]\d* bytes of sm_90 cubin$", done.stdout, re.M), done.stdout
 
 
 def test_auto_falls_back_with_one_warning_and_explicit_backend_raises(monkeypatch):
@@ -129,3 +221,13 @@ def test_auto_falls_back_with_one_warning_and_explicit_backend_raises(monkeypatc
     assert backends_module.backends()["cpu"] == "compiler exploded"
     with pytest.raises(RuntimeError, match="compiler exploded"):
         verify(logits, q, x, lens, uniforms=u, backend="cpu")
+
+
+def test_unknown_or_misplaced_backend_raises():
+    logits, q, x, lens, u = make_inputs(1, 1, 8, torch.float32, 0)
+    with pytest.raises(ValueError, match="unknown backend"):
+        verify(logits, q, x, lens, uniforms=u, backend="tpu")
+    with pytest.raises(ValueError, match="does not run on cpu tensors"):
+        verify(logits, q, x, lens, uniforms=u, backend="cuda")
+
+

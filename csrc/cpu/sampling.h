@@ -105,14 +105,22 @@ inline float max_of(const float* z, int64_t n) {  // n: a multiple of kWidth
 // sums of kFlush vectors, added in double: the normaliser scales every probability).
 inline double exp_and_sum(const float* z, int64_t n, float m, float* e) {
   double total = 0.0;
-  for (int64_t i = 0; i < n;) {
-    vfloat part = {};
-    for (int64_t end = std::min(n, i + kFlush * kWidth); i < end; i += kWidth) {
-      const vfloat v = exp_nonpositive(load(z + i) - m);
-      store(e + i, v);
-      part += v;
+  int64_t i = 0;
+  for (; i + 2 * kWidth <= n;) {  // two vectors per step: two independent exp chains
+    vfloat part0 = {}, part1 = {};
+    for (int64_t end = std::min(n, i + kFlush * kWidth); i + 2 * kWidth <= end; i += 2 * kWidth) {
+      const vfloat v0 = exp_nonpositive(load(z + i) - m), v1 = exp_nonpositive(load(z + i + kWidth) - m);
+      store(e + i, v0);
+      store(e + i + kWidth, v1);
+      part0 += v0;
+      part1 += v1;
     }
-    total += sum_lanes(part);
+    total += sum_lanes(part0 + part1);
+  }
+  if (i < n) {
+    const vfloat v = exp_nonpositive(load(z + i) - m);
+    store(e + i, v);
+    total += sum_lanes(v);
   }
   return total;
 }

@@ -50,18 +50,18 @@ inline double sum_lanes(vfloat v) {
 }
 
 // exp(x) for x <= 0, within 2 ulp of the exact value; 0 below ln(FLT_MIN) (and for -inf).
-// Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2, then Cephes' degree-6 polynomial
-// for exp(r) and 2^n built in the exponent bits. Branch-free, so it vectorises.
+// Cody-Waite reduction x = n ln2 + r, |r| <= ln2 / 2; exp(r) = 1 + r + r^2 P(r) with P a
+// degree-4 minimax fit (relative error 3e-9, below fp32 rounding); 2^n built in the
+// exponent bits. Branch-free, so it vectorises.
 inline vfloat exp_nonpositive(vfloat x) {
   const vfloat n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
   vfloat r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  vfloat p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
+  vfloat p = splat(1.38146e-3f);
+  p = p * r + 8.36871e-3f;
+  p = p * r + 4.166839e-2f;
+  p = p * r + 1.6666521e-1f;
+  p = p * r + 4.9999994e-1f;
   p = p * (r * r) + (r + 1.0f);
   const vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
   vfloat two_n;

@@ -34,16 +34,26 @@ def machine() -> dict:
     )
 
 
-def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    """Median wall time of ``fn()`` in seconds."""
+def time_samples(fn: Callable[[], object], repeats: int, device: str = "cpu", warmup: int = 2) -> dict:
+    """Wall time of ``fn()`` in seconds over ``repeats`` runs: median, 20th and 80th percentiles."""
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    times.sort()
+    at = lambda q: times[min(len(times) - 1, int(q * len(times)))]  # noqa: E731
+    return dict(median=statistics.median(times), p20=at(0.2), p80=at(0.8))
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    """Median wall time of ``fn()`` in seconds (CPU)."""
+    return time_samples(fn, repeats, warmup=warmup)["median"]
 
 
 def write_results(name: str, data: dict, table: str, out_dir: Path = RESULTS) -> Path:

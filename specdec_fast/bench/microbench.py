@@ -1,9 +1,10 @@
 """Microbenchmark of the verify op per backend (``benchmarks/microbench.py``, ``specdec-fast microbench``).
 
-Times the op itself (``torch.ops.specdec_fast.verify`` or the torch reference) on inputs
-already checked, and separately transformers' ``_speculative_sampling`` at B = 1 (the
-pure-torch path a transformers user runs today). Drafts are sampled from a q close to p,
-so rows accept a realistic number of tokens.
+Times the op itself (``torch.ops.specdec_fast.*verify`` or the torch reference) on inputs
+already checked, and transformers' ``_speculative_sampling`` at B = 1 (the pure-torch path
+a transformers user runs today). Drafts are sampled from a q close to p, so rows accept a
+realistic number of tokens. The reference computes in float64 (it is the specification);
+transformers' function is fp32.
 
 Bytes model (what a fused verify must read): for each row, the target rows it visits
 (accepted positions, then the stop position) in the logits' dtype, plus the draft row at
@@ -18,18 +19,18 @@ import itertools
 import torch
 from tqdm import tqdm
 
-from ..backends import backends
+from ..backends import AUTO_ORDER, backends, op
 from ..reference import verify_reference
-from .common import machine, markdown_table, median_time, write_results
+from .common import machine, markdown_table, time_samples, write_results
 
 
-def read_bandwidth(repeats: int = 5) -> float:
-    """Bytes per second of a sum over a 1 GiB fp32 tensor."""
-    x = torch.ones(1 << 28)
-    return x.numel() * 4 / median_time(lambda: x.sum(), repeats)
+def read_bandwidth(device: str, repeats: int = 5) -> float:
+    """Bytes per second of a sum over a 1 GiB fp32 tensor on ``device``."""
+    x = torch.ones(1 << 28, device=device)
+    return x.numel() * 4 / time_samples(lambda: x.sum(), repeats, device)["median"]
 
 
-def make_inputs(batch: int, k: int, vocab: int, dtype: torch.dtype, seed: int = 0):
+def make_inputs(batch: int, k: int, vocab: int, dtype: torch.dtype, seed: int = 0, device: str = "cpu"):
     g = torch.Generator().manual_seed(seed)
     logits = 2 * torch.randn(batch, k + 1, vocab, generator=g)
     q = torch.softmax(logits[:, :k] + 0.7 * torch.randn(batch, k, vocab, generator=g), -1)
@@ -37,7 +38,7 @@ def make_inputs(batch: int, k: int, vocab: int, dtype: torch.dtype, seed: int = 
     lens = torch.full((batch,), k, dtype=torch.int64)
     sampling = (torch.ones(batch), torch.zeros(batch, dtype=torch.int64), torch.ones(batch))
     u = 1 - torch.rand(batch, k + 1, generator=g)
-    return (logits.to(dtype), q, x, lens, *sampling, u)
+    return tuple(t.to(device) for t in (logits.to(dtype), q, x, lens, *sampling, u))
 
 
 def bytes_read(args, num_accepted: torch.Tensor) -> int:
@@ -55,34 +56,62 @@ def hf_speculative_sampling(args):
     return lambda: _speculative_sampling(x, q.log(), x.shape[1], logits.float())
 
 
-def run(batches, lengths, vocabs, dtypes, repeats: int = 5, out_name: str = "microbench") -> dict:
-    available = [name for name, why in backends().items() if why is None]
-    kernels = {"torch": lambda a: verify_reference(*a)}
-    kernels |= {name: (lambda a: torch.ops.specdec_fast.verify(*a)) for name in available if name != "torch"}
-    bandwidth = read_bandwidth()
+def run(batches, lengths, vocabs, dtypes, repeats: int = 5, device: str = "cpu", out_name: str = "microbench") -> dict:
+    """Time every backend that runs on ``device`` over the grid; writes ``<out_name>.{json,md,png}``."""
+    status = backends()
+    kernels = {"torch": verify_reference}
+    kernels |= {name: op("verify", name) for name in AUTO_ORDER[device] if status[name] is None}
+    bandwidth = read_bandwidth(device)
     rows = []
     grid = list(itertools.product(batches, lengths, vocabs, dtypes))
     for batch, k, vocab, dtype in tqdm(grid, desc="microbench"):
-        args = make_inputs(batch, k, vocab, dtype)
-        accepted = verify_reference(*args).num_accepted
-        moved = bytes_read(args, accepted)
-        times = {name: median_time(lambda: fn(args), repeats) for name, fn in kernels.items()}
-        if batch == 1:
-            times["hf"] = median_time(hf_speculative_sampling(args), repeats)
+        args = make_inputs(batch, k, vocab, dtype, device=device)
+        moved = bytes_read(args, verify_reference(*args).num_accepted)
+        # The float64 reference is slow at the large sizes: fewer repeats keep the run short.
+        times = {name: time_samples(lambda: fn(*args), repeats if name != "torch" else 3, device)
+                 for name, fn in kernels.items()}
+        hf = time_samples(hf_speculative_sampling(args), repeats, device)["median"] if batch == 1 else None
         for name, t in times.items():
-            if name == "hf":
-                continue
-            rows.append(dict(B=batch, K=k, V=vocab, dtype=str(dtype).removeprefix("torch."), backend=name, ms=t * 1e3,
-                             speedup_vs_torch=times["torch"] / t, speedup_vs_hf=times["hf"] / t if "hf" in times else None,
-                             gbps=moved / t / 1e9, bandwidth_fraction=moved / t / bandwidth))
-    data = dict(machine=machine(), read_bandwidth_gbps=bandwidth / 1e9, rows=rows)
+            rows.append(dict(B=batch, K=k, V=vocab, dtype=str(dtype).removeprefix("torch."), backend=name,
+                             ms=t["median"] * 1e3, ms_p20=t["p20"] * 1e3, ms_p80=t["p80"] * 1e3,
+                             speedup_vs_torch=times["torch"]["median"] / t["median"],
+                             speedup_vs_hf=hf / t["median"] if hf else None,
+                             gbps=moved / t["median"] / 1e9, bandwidth_fraction=moved / t["median"] / bandwidth))
+    data = dict(machine=machine(), device=device, read_bandwidth_gbps=bandwidth / 1e9, rows=rows)
     write_results(out_name, data, table(data))
+    plot(data, out_name)
     return data
 
 
 def table(data: dict) -> str:
-    head = ["B", "K", "V", "dtype", "backend", "ms", "x torch", "x HF", "GB/s", "of read BW"]
-    body = [[r["B"], r["K"], r["V"], r["dtype"], r["backend"], r["ms"], r["speedup_vs_torch"],
-             r["speedup_vs_hf"] if r["speedup_vs_hf"] is not None else "-", r["gbps"], r["bandwidth_fraction"]]
-            for r in data["rows"]]
-    return markdown_table(head, body) + f"\n\nMeasured read bandwidth: {data['read_bandwidth_gbps']:.1f} GB/s."
+    head = ["B", "K", "V", "dtype", "backend", "ms (p20-p80)", "x torch", "x HF", "GB/s", "of read BW"]
+    body = [[r["B"], r["K"], r["V"], r["dtype"], r["backend"], f"{r['ms']:.3g} ({r['ms_p20']:.3g}-{r['ms_p80']:.3g})",
+             r["speedup_vs_torch"], r["speedup_vs_hf"] if r["speedup_vs_hf"] is not None else "-", r["gbps"],
+             r["bandwidth_fraction"]] for r in data["rows"]]
+    return (markdown_table(head, body) + f"\n\nDevice: {data['device']}. Measured read bandwidth: "
+            f"{data['read_bandwidth_gbps']:.1f} GB/s.")
+
+
+def plot(data: dict, out_name: str) -> None:
+    """Fraction of the read bandwidth per backend vs B (K = max, fp32), one line per V."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .common import RESULTS
+
+    kernels = sorted({r["backend"] for r in data["rows"]} - {"torch"})
+    k = max(r["K"] for r in data["rows"])
+    fig, axes = plt.subplots(1, max(1, len(kernels)), figsize=(5 * max(1, len(kernels)), 4), squeeze=False)
+    for ax, name in zip(axes[0], kernels):
+        for vocab in sorted({r["V"] for r in data["rows"]}):
+            pts = sorted((r["B"], r["bandwidth_fraction"]) for r in data["rows"]
+                         if r["backend"] == name and r["V"] == vocab and r["K"] == k and r["dtype"] == "float32")
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=f"V={vocab}")
+        ax.set(xscale="log", xlabel="batch B", ylabel="fraction of measured read bandwidth",
+               title=f"{name} verify, K={k}, fp32 logits", ylim=(0, 1))
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{out_name}.png", dpi=100)

@@ -1,0 +1,69 @@
+"""The draft step in Triton: warp, sample, q(token), entropy, top-1; one program per row
+(reference: specdec_fast/reference/draft_step.py)."""
+
+import torch
+import triton
+import triton.language as tl
+
+from .sampling import exp_shifted, order_key, row_dist, sample_row, scaled_tile, weights_tile
+
+
+@triton.jit
+def draft_step_kernel(
+    logits_ptr,  # [B, V] (fp32/bf16/fp16)
+    temperature_ptr, top_k_ptr, top_p_ptr, u_ptr,  # [B]
+    tokens_ptr,  # [B] int64 out
+    probs_ptr,  # [B, V] fp32 out: q
+    token_prob_ptr, entropy_ptr, top1_ptr,  # [B] fp32 out
+    V,
+    BLOCK: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    t = tl.load(temperature_ptr + b)
+    top_k = tl.load(top_k_ptr + b)
+    top_p = tl.load(top_p_ptr + b)
+    row = logits_ptr + b * V
+    argmax, min_key, m, inv_sum = row_dist(row, V, t, top_k, top_p, BLOCK)
+    greedy = argmax >= 0
+
+    # Write q; sum it in float64 for the sampler; H(q) = sum q (log(sum) - (z - max)) over q > 0.
+    log_sum = -tl.log(inv_sum).to(tl.float32)
+    total = tl.zeros((), tl.float64)
+    entropy = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        q = weights_tile(row, row, offs, V, t, min_key, m, inv_sum, False)
+        q = tl.where(greedy, tl.where(offs == argmax, 1.0, 0.0), q)
+        tl.store(probs_ptr + b * V + offs, q, mask=offs < V)
+        total += tl.sum(q.to(tl.float64), 0)
+        z = scaled_tile(row, offs, V, t)
+        entropy += tl.sum((q * (log_sum - tl.where(q > 0, z - m, 0.0))).to(tl.float64), 0)
+
+    u = tl.load(u_ptr + b)
+    token = argmax
+    token_prob = tl.full((), 1.0, tl.float32)
+    if argmax < 0:
+        token = sample_row(row, row, V, t, min_key, m, inv_sum, False, total, u, BLOCK)
+        z = tl.load(row + token).to(tl.float32) / t  # q(token), by the same formula as the stored q
+        token_prob = tl.where(order_key(z) >= min_key, exp_shifted(z, m) * inv_sum.to(tl.float32), 0.0)
+    tl.store(tokens_ptr + b, token)
+    tl.store(token_prob_ptr + b, token_prob)
+    tl.store(entropy_ptr + b, tl.where(greedy, 0.0, entropy.to(tl.float32)))
+    tl.store(top1_ptr + b, tl.where(greedy, 1.0, inv_sum.to(tl.float32)))
+
+
+def draft_step(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+               uniforms: torch.Tensor):
+    """Same contract as specdec_fast.reference.draft_step_reference; returns a 5-tuple."""
+    batch, vocab = logits.shape
+    f32 = dict(dtype=torch.float32, device=logits.device)
+    tokens = torch.empty(batch, dtype=torch.int64, device=logits.device)
+    probs = torch.empty(batch, vocab, **f32)
+    token_prob, entropy, top1 = (torch.empty(batch, **f32) for _ in range(3))
+    if batch:
+        draft_step_kernel[(batch,)](
+            logits.contiguous(), temperature.contiguous().float(), top_k.contiguous().long(),
+            top_p.contiguous().float(), uniforms.contiguous().float(), tokens, probs, token_prob, entropy, top1,
+            vocab, BLOCK=min(4096, triton.next_power_of_2(vocab)), num_warps=8,
+        )
+    return tokens, probs, token_prob, entropy, top1

@@ -1,0 +1,171 @@
+"""Row primitives of the Triton kernels: warping, probabilities and inverse-CDF sampling.
+
+The math is specdec_fast/sampling.py (the reference); the algorithms are those of
+csrc/cpu/sampling.h, so every backend draws the same kept sets and tokens:
+
+- a row's warped distribution is kept as p(x) = kept(x) ? exp(z_x - max) / sum : 0 with
+  z = logits / temperature, kept(x) iff key(z_x) >= min_key (key: the order-preserving
+  integer of a float), the sum over kept x in float64; greedy rows are a point mass on the
+  first argmax;
+- top-k and top-p thresholds come from one bisection over the 32-bit key: the smallest
+  key whose strictly-greater weight (count, or float64 probability) is below the limit;
+- sampling is an inverse CDF cumulated in float64 over tiles of the vocabulary.
+
+Every loop walks the vocabulary in tiles of BLOCK entries; row pointers are int64.
+"""
+
+import triton
+import triton.language as tl
+
+RESIDUAL_EPS = tl.constexpr(1e-6)  # specdec_fast/reference/verify.py
+
+
+@triton.jit
+def scaled_tile(row_ptr, offs, V, t):
+    """z = logits / t over one tile (fp32), -inf past the row's end."""
+    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+    return x / tl.where(t == 0, 1.0, t)  # greedy rows divide by 1, as the reference does
+
+
+@triton.jit
+def order_key(z):
+    """int64 in [0, 2^32): a < b iff order_key(a) < order_key(b) (NaN never reaches here)."""
+    bits = z.to(tl.uint32, bitcast=True)
+    key = tl.where((bits >> 31) != 0, bits ^ 0xFFFFFFFF, bits | 0x80000000)
+    return key.to(tl.int64)
+
+
+@triton.jit
+def exp_shifted(z, m):
+    """exp(z - m), 0 where z is -inf (also when m is -inf)."""
+    return tl.where(z == float("-inf"), 0.0, tl.exp(z - m))
+
+
+@triton.jit
+def argmax_row(row_ptr, V, BLOCK: tl.constexpr):
+    """Index of the first maximum of a row of logits."""
+    best = tl.full((), float("-inf"), tl.float32)
+    best_idx = tl.zeros((), tl.int64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+        tile_max = tl.max(x, 0)
+        tile_idx = tl.min(tl.where((x == tile_max) & (offs < V), offs, V), 0)
+        better = tile_max > best  # ties keep the earlier tile
+        best_idx = tl.where(better, tile_idx, best_idx)
+        best = tl.where(better, tile_max, best)
+    return best_idx
+
+
+@triton.jit
+def weight_above(row_ptr, V, t, probe, min_key, m, total, USE_P: tl.constexpr, BLOCK: tl.constexpr):
+    """Sum over kept entries with key > probe of 1 (USE_P False) or exp(z - m) / total in float64."""
+    acc = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        z = scaled_tile(row_ptr, offs, V, t)
+        key = order_key(z)
+        selected = (offs < V) & (key > probe) & (key >= min_key)
+        if USE_P:
+            w = tl.exp(z.to(tl.float64) - m.to(tl.float64)) / total
+        else:
+            w = tl.full((BLOCK,), 1.0, tl.float64)
+        acc += tl.sum(tl.where(selected, w, 0.0), 0)
+    return acc
+
+
+@triton.jit
+def smallest_kept_key(row_ptr, V, t, limit, min_key, m, total, USE_P: tl.constexpr, BLOCK: tl.constexpr):
+    """The smallest key k with weight_above(k) < limit, by bisection on the key's 32 bits."""
+    below = tl.full((), -1, tl.int64)  # the largest key known to fail the rule
+    for bit in range(31, -1, -1):
+        probe = below + (tl.full((), 1, tl.int64) << bit)
+        above = weight_above(row_ptr, V, t, probe, min_key, m, total, USE_P, BLOCK)
+        below = tl.where(above < limit, below, probe)
+    return below + 1
+
+
+@triton.jit
+def kept_sum(row_ptr, V, t, min_key, m, BLOCK: tl.constexpr):
+    """Sum of exp(z - m) over the kept entries (fp32 exps added in float64)."""
+    acc = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        z = scaled_tile(row_ptr, offs, V, t)
+        acc += tl.sum(tl.where(order_key(z) >= min_key, exp_shifted(z, m), 0.0).to(tl.float64), 0)
+    return acc
+
+
+@triton.jit
+def row_max(row_ptr, V, t, BLOCK: tl.constexpr):
+    m = tl.full((), float("-inf"), tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        m = tl.maximum(m, tl.max(scaled_tile(row_ptr, offs, V, t), 0))
+    return m
+
+
+@triton.jit
+def row_dist(row_ptr, V, t, top_k, top_p, BLOCK: tl.constexpr):
+    """(argmax, min_key, max, inv_sum) of a row's warped distribution; argmax >= 0 for greedy rows."""
+    argmax = tl.full((), -1, tl.int64)
+    min_key = tl.zeros((), tl.int64)
+    m = tl.zeros((), tl.float32)
+    inv_sum = tl.full((), 1.0, tl.float64)
+    if t == 0:
+        argmax = argmax_row(row_ptr, V, BLOCK)
+    else:
+        m = row_max(row_ptr, V, t, BLOCK)  # the max is always kept
+        if (top_k > 0) & (top_k < V):
+            min_key = smallest_kept_key(row_ptr, V, t, top_k.to(tl.float64), min_key, m, 1.0, False, BLOCK)
+        if top_p < 1:  # the kept set is decided on p in float64, as in the reference
+            total = kept_sum(row_ptr, V, t, min_key, m, BLOCK)
+            min_key = smallest_kept_key(row_ptr, V, t, top_p.to(tl.float64), min_key, m, total, True, BLOCK)
+        inv_sum = 1.0 / kept_sum(row_ptr, V, t, min_key, m, BLOCK)
+    return argmax, min_key, m, inv_sum
+
+
+@triton.jit
+def prob_of(logit, x, t, argmax, min_key, m, inv_sum):
+    """p(x) from x's logit, in float64 then rounded to fp32."""
+    z = logit.to(tl.float32) / tl.where(t == 0, 1.0, t)
+    p = tl.exp(z.to(tl.float64) - m.to(tl.float64)) * inv_sum
+    p = tl.where(order_key(z) >= min_key, p, 0.0).to(tl.float32)
+    return tl.where(argmax >= 0, tl.where(x == argmax, 1.0, 0.0), p)
+
+
+@triton.jit
+def weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, residual):
+    """Sampling weights of one tile: p, or max(p - q, 0) if `residual`; 0 past the row's end."""
+    z = scaled_tile(row_ptr, offs, V, t)
+    p = tl.where(order_key(z) >= min_key, exp_shifted(z, m) * inv_sum.to(tl.float32), 0.0)
+    q = tl.load(q_ptr + offs, mask=(offs < V) & residual, other=0.0)
+    return tl.where(residual, tl.maximum(p - q, 0.0), p)
+
+
+@triton.jit
+def weight_total(row_ptr, q_ptr, V, t, min_key, m, inv_sum, residual, BLOCK: tl.constexpr):
+    acc = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        acc += tl.sum(weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, residual).to(tl.float64), 0)
+    return acc
+
+
+@triton.jit
+def sample_row(row_ptr, q_ptr, V, t, min_key, m, inv_sum, residual, total, u, BLOCK: tl.constexpr):
+    """Inverse CDF: the smallest x with cumsum(w)[x] >= u * total, w of positive weight, in float64."""
+    target = u.to(tl.float64) * total
+    cum = tl.zeros((), tl.float64)
+    token = tl.full((), -1, tl.int64)
+    last = tl.full((), -1, tl.int64)  # the last token of positive weight: rounding past the end lands there
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        w = weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, residual)
+        w64 = w.to(tl.float64)
+        positive = (offs < V) & (w > 0)
+        first = tl.min(tl.where(positive & (tl.cumsum(w64, 0) + cum >= target), offs, V), 0)
+        token = tl.where((token < 0) & (first < V), first, token)
+        last = tl.maximum(last, tl.max(tl.where(positive, offs, -1), 0))
+        cum += tl.sum(w64, 0)
+    return tl.where(token < 0, tl.maximum(last, 0), token)
