@@ -1,23 +1,62 @@
 """specdec_fast: lossless speculative decoding for PyTorch, with fused verification kernels.
 
-Kernels are built just in time (torch.utils.cpp_extension + ninja) on first use, from
-csrc/ in the source checkout (install with pip install -e .).
+Kernels are built just in time (torch.utils.cpp_extension + ninja) on first use, from the
+csrc/ sources, which are installed inside the package (specdec_fast/csrc) so that a
+non-editable install builds them too. Ahead of time instead:
+
+    SPECDEC_FAST_AOT=1 pip install --no-build-isolation -e .
+
+builds specdec_fast/_cpu (and specdec_fast/_cuda where torch has CUDA and nvcc is found),
+which the loader then takes before any JIT build.
 """
 
-from setuptools import find_packages, setup
+import os
+import shutil
+from pathlib import Path
 
+from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).parent
+
+
+class BuildPyWithSources(build_py):
+    """Also copy csrc/ into the built package as specdec_fast/csrc."""
+
+    def run(self):
+        super().run()
+        shutil.copytree(HERE / "csrc", Path(self.build_lib) / "specdec_fast" / "csrc", dirs_exist_ok=True)
+
+
+def aot_extensions() -> tuple[list, dict]:
+    if os.environ.get("SPECDEC_FAST_AOT") != "1":
+        return [], {}
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+    cpu_flags = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs it
+    extensions = [CppExtension("specdec_fast._cpu", ["csrc/cpu/ops.cpp"], extra_compile_args=cpu_flags,
+                               extra_link_args=["-fopenmp"])]
+    if torch.version.cuda is not None and CUDA_HOME is not None:
+        extensions.append(CUDAExtension("specdec_fast._cuda", ["csrc/cuda/ops.cpp", "csrc/cuda/kernels.cu"],
+                                        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]}))
+    return extensions, {"build_ext": BuildExtension}
+
+
+extensions, build_ext = aot_extensions()
 setup(
     name="specdec_fast",
     version="0.1.0",
     description="Lossless speculative decoding for PyTorch causal LMs, with fused verification kernels",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_packages(include=["specdec_fast", "specdec_fast.*"]),
+    packages=find_packages(include=["specdec_fast", "specdec_fast.*", "triton_kernels"]),
     package_data={"specdec_fast.data": ["*.safetensors", "*.json", "*.md"]},
     install_requires=[
         "torch>=2.4",
+        "triton>=3.0; platform_system == 'Linux'",
         "transformers>=5.0",
         "gguf>=0.10",  # SmolLM2 ships as GGUF
         "accelerate>=1.0",
@@ -30,4 +69,6 @@ setup(
     ],
     extras_require={"test": ["pytest>=8", "hypothesis>=6.100", "scipy>=1.10"]},
     entry_points={"console_scripts": ["specdec-fast=specdec_fast.cli:main"]},
+    ext_modules=extensions,
+    cmdclass={"build_py": BuildPyWithSources, **build_ext},
 )

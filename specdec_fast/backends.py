@@ -24,7 +24,9 @@ from .reference import draft_step_reference, verify_reference
 from .sampling import philox_uniforms
 from .smollm2 import cache_root
 
-CSRC = Path(__file__).resolve().parents[1] / "csrc"
+PACKAGE = Path(__file__).resolve().parent
+# Kernel sources: installed inside the package (setup.py copies them), or the source checkout's.
+CSRC = PACKAGE / "csrc" if (PACKAGE / "csrc").is_dir() else PACKAGE.parent / "csrc"
 
 SCHEMAS = {
     "verify": "(Tensor target_logits, Tensor draft_probs, Tensor draft_tokens, Tensor draft_lens, Tensor temperature, "
@@ -68,7 +70,13 @@ def _check_jit() -> None:
 
 
 def _build(name: str, sources: list[Path], **kwargs) -> None:
-    """Compile (first time, or when a source changed) and load a C++/CUDA extension registering its ops."""
+    """Load the ahead-of-time build of an extension (setup.py, SPECDEC_FAST_AOT=1) if there is one,
+    else compile it (first time, or when a source changed) and load it; loading registers its ops."""
+    built = sorted(PACKAGE.glob(f"_{name}.*.so"))
+    if built:
+        torch.ops.load_library(str(built[0]))
+        return
+    _check_jit()
     if not all(s.is_file() for s in sources):
         raise RuntimeError(f"kernel sources not found under {CSRC} (install from a source checkout with pip install -e .)")
     from torch.utils.cpp_extension import load
@@ -85,7 +93,6 @@ def _build(name: str, sources: list[Path], **kwargs) -> None:
 @functools.cache
 def _load_cpu() -> None:
     """Build (first time) and load the CPU C++ kernels; raises RuntimeError with the reason on failure."""
-    _check_jit()
     # Built where it runs, so -march=native: the vector code (csrc/cpu/simd.h) becomes AVX2,
     # AVX-512 or NEON as this CPU allows. OpenMP makes at::parallel_for parallel.
     flags = ["-O3", "-march=native", "-fopenmp"]
@@ -116,13 +123,12 @@ def _cuda_home() -> str | None:
 @functools.cache
 def build_cuda() -> None:
     """Compile, link and load the CUDA kernels (needs nvcc and a CUDA build of torch, not a GPU)."""
-    _check_jit()
     if torch.version.cuda is None:
         raise RuntimeError(f"torch {torch.__version__} is a CPU-only build")
     from torch.utils import cpp_extension
 
     home = _cuda_home()
-    if home is None:
+    if home is None and not any(PACKAGE.glob("_cuda.*.so")):
         raise RuntimeError("nvcc not found (set CUDA_HOME to a CUDA toolkit)")
     cpp_extension.CUDA_HOME = home  # read by the build; fixed at import from a PATH guess
     previous = os.environ.get("TORCH_CUDA_ARCH_LIST")

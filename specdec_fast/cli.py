@@ -72,7 +72,7 @@ def _microbench(args) -> int:
     from .bench import microbench
 
     dtypes = [getattr(torch, name) for name in args.dtypes]
-    data = microbench.run(args.batches, args.lengths, args.vocabs, dtypes, args.repeats, args.device)
+    data = microbench.run(args.batches, args.lengths, args.vocabs, dtypes, args.repeats, args.device, args.out_name)
     print(microbench.table(data))
     return 0
 
@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     micro.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     micro.add_argument("--repeats", type=int, default=5)
     micro.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    micro.add_argument("--out-name", default="microbench", help="results file name under benchmarks/results")
     micro.set_defaults(run=_microbench)
 
     train = commands.add_parser("train-draft", parents=[common], help="distil the draft for SmolLM2-135M-Instruct (resumable)")

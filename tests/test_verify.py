@@ -11,7 +11,7 @@ import torch
 from specdec_fast import VerifyOutput, verify
 from specdec_fast.sampling import sample_inverse_cdf
 
-from backend_params import TRITON_DEVICE
+from backend_params import GPU, TRITON_DEVICE
 from distribution import chi_square, counts
 from markov import failing_positions, make_pair, run_trials
 
@@ -20,7 +20,7 @@ TRIALS = 20_000
 # takes ~0.1 s (1 s with top-k/top-p bisection), so the interpreted backend gets the
 # reduced grid below; on a GPU it gets the full one.
 INTERPRETED = TRITON_DEVICE == "cpu"
-BACKENDS = ("torch", "cpu") + (() if INTERPRETED else ("triton",))
+BACKENDS = ("torch", "cpu") + (("triton", "cuda") if GPU else ())
 SAMPLING = {  # name: (top_k, top_p)
     "plain": (0, 1.0),
     "top_k": (3, 1.0),
@@ -29,16 +29,18 @@ SAMPLING = {  # name: (top_k, top_p)
 }
 
 
-def verifier(pair, backend: str):
-    device = TRITON_DEVICE if backend == "triton" else "cpu"
+def verify_on(backend: str, *tensors, **kwargs) -> VerifyOutput:
+    """verify() with the tensors (and tensor keyword arguments) on the backend's device; results on the CPU."""
+    device = "cuda" if backend == "cuda" or (backend == "triton" and GPU) else "cpu"
+    move = lambda t: t.to(device) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    out = verify(*map(move, tensors), backend=backend, **{name: move(v) for name, v in kwargs.items()})
+    return VerifyOutput(*(t.cpu() for t in out))
 
+
+def verifier(pair, backend: str):
     def fn(target_logits, draft_probs, draft_tokens, draft_lens, g):
-        out = verify(
-            target_logits.to(device), draft_probs.to(device), draft_tokens.to(device), draft_lens.to(device),
-            temperature=pair.temperature, top_k=pair.top_k, top_p=pair.top_p,
-            uniforms=1 - torch.rand(len(draft_lens), draft_probs.shape[1] + 1, generator=g), backend=backend,
-        )
-        return VerifyOutput(*(t.cpu() for t in out))
+        return verify_on(backend, target_logits, draft_probs, draft_tokens, draft_lens, temperature=pair.temperature,
+                         top_k=pair.top_k, top_p=pair.top_p, generator=g)
 
     return fn
 
@@ -119,7 +121,7 @@ def test_greedy_emits_target_argmax_chain(backend):
         prev = x
     draft_tokens = torch.stack(tokens, 1)
     draft_probs = torch.nn.functional.one_hot(draft_tokens, 16).float()
-    out = verify(torch.stack(logits, 1), draft_probs, draft_tokens, lens, temperature=0.0, generator=g, backend=backend)
+    out = verify_on(backend, torch.stack(logits, 1), draft_probs, draft_tokens, lens, temperature=0.0, generator=g)
     assert torch.equal(out.num_accepted, torch.minimum(agree, lens))
     prev = torch.zeros(trials, dtype=torch.int64)
     for i in range(k + 1):
@@ -134,7 +136,7 @@ def test_zero_draft_probability_is_rejected(backend):
     """q(X) == 0 cannot come from sampling q: reject it, even though u * 0 <= p(X)."""
     p = torch.tensor([[[0.1, 0.9, 0.0], [1 / 3, 1 / 3, 1 / 3]]]).log()
     q = torch.tensor([[[1.0, 0.0, 0.0]]])
-    out = verify(p, q, torch.tensor([[1]]), uniforms=torch.tensor([[0.5, 0.5]]), backend=backend)
+    out = verify_on(backend, p, q, torch.tensor([[1]]), uniforms=torch.tensor([[0.5, 0.5]]))
     assert out.num_accepted.item() == 0
     assert out.tokens[0, 0].item() == 1  # residual max(0, p - q) = (0, 0.9, 0)
 
@@ -147,7 +149,7 @@ def test_empty_residual_samples_from_p(backend):
     target = p.log().expand(n, 2, 4)
     q = p.expand(n, 1, 4)
     drafts = torch.full((n, 1), 2)  # q(2) = 0: rejected, and p - q == 0 everywhere
-    out = verify(target, q, drafts, generator=torch.Generator().manual_seed(0), backend=backend)
+    out = verify_on(backend, target, q, drafts, generator=torch.Generator().manual_seed(0))
     assert (out.num_accepted == 0).all()
     stat, threshold, _ = chi_square(counts(out.tokens[:, 0], 4), p)
     assert stat < threshold
@@ -161,8 +163,8 @@ def test_accepts_probabilities(backend):
     q = torch.softmax(torch.randn(64, 3, 50, generator=g), -1)
     x = torch.multinomial(q.reshape(-1, 50), 1, generator=g).reshape(64, 3)
     u = 1 - torch.rand(64, 4, generator=g)
-    a = verify(logits, q, x, uniforms=u, temperature=0.8, top_k=10, backend=backend)
-    b = verify(torch.softmax(logits, -1), q, x, uniforms=u, temperature=0.8, top_k=10, target_is_probs=True, backend=backend)
+    a = verify_on(backend, logits, q, x, uniforms=u, temperature=0.8, top_k=10)
+    b = verify_on(backend, torch.softmax(logits, -1), q, x, uniforms=u, temperature=0.8, top_k=10, target_is_probs=True)
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted)
 
 
@@ -179,10 +181,10 @@ def test_per_row_parameters_and_batch_independence(backend):
     temperature = torch.tensor([0.0, 0.5, 1.0, 1.5] * 3)
     top_k = torch.tensor([0, 5, 0, 3] * 3)
     top_p = torch.tensor([1.0, 1.0, 0.7, 0.9] * 3)
-    full = verify(logits, q, x, lens, temperature=temperature, top_k=top_k, top_p=top_p, uniforms=u, backend=backend)
+    full = verify_on(backend, logits, q, x, lens, temperature=temperature, top_k=top_k, top_p=top_p, uniforms=u)
     for r in range(b):
-        one = verify(logits[r : r + 1], q[r : r + 1], x[r : r + 1], lens[r : r + 1], temperature=temperature[r],
-                     top_k=top_k[r], top_p=top_p[r], uniforms=u[r : r + 1], backend=backend)
+        one = verify_on(backend, logits[r : r + 1], q[r : r + 1], x[r : r + 1], lens[r : r + 1],
+                        temperature=temperature[r], top_k=top_k[r], top_p=top_p[r], uniforms=u[r : r + 1])
         assert torch.equal(one.tokens[0], full.tokens[r])
 
 

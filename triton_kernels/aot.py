@@ -18,7 +18,7 @@ from .verify import verify_kernel
 I64, F32 = "*i64", "*fp32"
 SIGNATURES = {  # kernel: (function, argument types, constexprs); logits in bf16 here
     "verify": (verify_kernel, ["*bf16", F32, I64, I64, F32, I64, F32, F32, I64, I64, "i64", "i64"],
-               dict(BLOCK=4096, K_TILE=8)),
+               dict(BLOCK=4096)),
     "draft_step": (draft_step_kernel, ["*bf16", F32, I64, F32, F32, I64, F32, F32, F32, F32, "i64"],
                    dict(BLOCK=4096)),
     "philox": (philox_kernel, [I64, I64, F32, "i64"], dict(BLOCK=64)),

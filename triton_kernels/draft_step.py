@@ -5,10 +5,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import exp_shifted, order_key, row_dist, sample_row, scaled_tile, weights_tile
+from .sampling import TILE, exp_shifted, order_key, row_dist, sample_row, scaled_tile, weights_tile
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["V"])
 def draft_step_kernel(
     logits_ptr,  # [B, V] (fp32/bf16/fp16)
     temperature_ptr, top_k_ptr, top_p_ptr, u_ptr,  # [B]
@@ -64,6 +64,6 @@ def draft_step(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Ten
         draft_step_kernel[(batch,)](
             logits.contiguous(), temperature.contiguous().float(), top_k.contiguous().long(),
             top_p.contiguous().float(), uniforms.contiguous().float(), tokens, probs, token_prob, entropy, top1,
-            vocab, BLOCK=min(4096, triton.next_power_of_2(vocab)), num_warps=8,
+            vocab, BLOCK=TILE, num_warps=8,
         )
     return tokens, probs, token_prob, entropy, top1

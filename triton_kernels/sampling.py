@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 RESIDUAL_EPS = tl.constexpr(1e-6)  # specdec_fast/reference/verify.py
+TILE = 4096  # vocabulary entries per loop step (one kernel specialisation for every V)
 
 
 @triton.jit

@@ -4,10 +4,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import RESIDUAL_EPS, prob_of, row_dist, sample_row, weight_total
+from .sampling import RESIDUAL_EPS, TILE, prob_of, row_dist, sample_row, weight_total
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K", "V"])
 def verify_kernel(
     target_ptr,  # [B, K+1, V] logits (fp32/bf16/fp16)
     q_ptr,  # [B, K, V] fp32
@@ -18,7 +18,7 @@ def verify_kernel(
     accepted_ptr,  # [B] int64 out
     out_ptr,  # [B, K+1] int64 out
     K, V,
-    BLOCK: tl.constexpr, K_TILE: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     length = tl.load(lens_ptr + b)
@@ -56,10 +56,9 @@ def verify_kernel(
     if argmax < 0:
         y = sample_row(rows + j * V, q_row, V, t, min_key, m, inv_sum, residual, total, u, BLOCK)
 
-    offs = tl.arange(0, K_TILE).to(tl.int64)
-    drafted = tl.load(tokens_ptr + b * K + offs, mask=offs < j, other=-1)
-    out = tl.where(offs < j, drafted, tl.where(offs == j, y, -1))
-    tl.store(out_ptr + b * (K + 1) + offs, out, mask=offs <= K)
+    for i in range(0, K + 1):  # accepted drafts, the stop token, then -1
+        drafted = tl.load(tokens_ptr + b * K + i, mask=i < j, other=-1)
+        tl.store(out_ptr + b * (K + 1) + i, tl.where(i < j, drafted, tl.where(i == j, y, -1)))
     tl.store(accepted_ptr + b, j)
 
 
@@ -76,6 +75,6 @@ def verify(target_logits: torch.Tensor, draft_probs: torch.Tensor, draft_tokens:
             target_logits.contiguous(), draft_probs.contiguous().float(), draft_tokens.contiguous().long(),
             draft_lens.contiguous().long(), temperature.contiguous().float(), top_k.contiguous().long(),
             top_p.contiguous().float(), uniforms.contiguous().float(), accepted, tokens, k_plus_1 - 1, vocab,
-            BLOCK=min(4096, triton.next_power_of_2(vocab)), K_TILE=triton.next_power_of_2(k_plus_1), num_warps=8,
+            BLOCK=TILE, num_warps=8,
         )
     return accepted, tokens, accepted + 1
