@@ -184,6 +184,22 @@ def test_opcheck_registered_ops(backend, device):
     torch.library.opcheck(getattr(ops, prefix + "philox_uniforms").default, (seed, seed * 7, 5))
 
 
+@pytest.mark.parametrize("backend,device", kernel_params())
+def test_ops_trace_under_torch_compile(backend, device):
+    """The fake implementations let torch.compile trace the ops without a graph break."""
+    prefix = "triton_" if backend == "triton" else ""
+    verify_op = getattr(torch.ops.specdec_fast, prefix + "verify")
+    logits, q, x, lens, u = to(device, *make_inputs(2, 3, 50, torch.float32, 4))
+    sampling = [t.to(device) for t in per_row("plain", 2).values()]
+
+    def accepted_plus_one(*args):
+        return verify_op(*args)[0] + 1
+
+    compiled = torch.compile(accepted_plus_one, fullgraph=True, backend="aot_eager")
+    args = (logits, q, x, lens, *sampling, u)
+    assert torch.equal(compiled(*args), accepted_plus_one(*args))
+
+
 def test_cuda_extension_compiles_and_links():
     """csrc/cuda builds with nvcc and loads here; running its kernels needs a GPU (the tests above)."""
     from specdec_fast.backends import build_cuda

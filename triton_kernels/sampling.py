@@ -107,6 +107,21 @@ def row_max(row_ptr, V, t, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def online_max_sum(row_ptr, V, t, BLOCK: tl.constexpr):
+    """(max z, sum exp(z - max)) in one read of the row: the sum is rescaled when the max grows."""
+    m = tl.full((), float("-inf"), tl.float32)
+    total = tl.zeros((), tl.float64)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK).to(tl.int64)
+        z = scaled_tile(row_ptr, offs, V, t)
+        new_m = tl.maximum(m, tl.max(z, 0))
+        rescale = tl.where(m == float("-inf"), 0.0, tl.exp(m.to(tl.float64) - new_m.to(tl.float64)))
+        total = total * rescale + tl.sum(exp_shifted(z, new_m).to(tl.float64), 0)
+        m = new_m
+    return m, total
+
+
+@triton.jit
 def row_dist(row_ptr, V, t, top_k, top_p, BLOCK: tl.constexpr):
     """(argmax, min_key, max, inv_sum) of a row's warped distribution; argmax >= 0 for greedy rows."""
     argmax = tl.full((), -1, tl.int64)
@@ -115,7 +130,7 @@ def row_dist(row_ptr, V, t, top_k, top_p, BLOCK: tl.constexpr):
     inv_sum = tl.full((), 1.0, tl.float64)
     if t == 0:
         argmax = argmax_row(row_ptr, V, BLOCK)
-    else:
+    elif ((top_k > 0) & (top_k < V)) | (top_p < 1):
         m = row_max(row_ptr, V, t, BLOCK)  # the max is always kept
         if (top_k > 0) & (top_k < V):
             min_key = smallest_kept_key(row_ptr, V, t, top_k.to(tl.float64), min_key, m, 1.0, False, BLOCK)
@@ -123,6 +138,9 @@ def row_dist(row_ptr, V, t, top_k, top_p, BLOCK: tl.constexpr):
             total = kept_sum(row_ptr, V, t, min_key, m, BLOCK)
             min_key = smallest_kept_key(row_ptr, V, t, top_p.to(tl.float64), min_key, m, total, True, BLOCK)
         inv_sum = 1.0 / kept_sum(row_ptr, V, t, min_key, m, BLOCK)
+    else:  # the hot path: one read of the row
+        m, total = online_max_sum(row_ptr, V, t, BLOCK)
+        inv_sum = 1.0 / total
     return argmax, min_key, m, inv_sum
 
 
@@ -145,12 +163,17 @@ def weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, residual):
 
 
 @triton.jit
-def weight_total(row_ptr, q_ptr, V, t, min_key, m, inv_sum, residual, BLOCK: tl.constexpr):
-    acc = tl.zeros((), tl.float64)
+def weight_totals(row_ptr, q_ptr, V, t, min_key, m, inv_sum, rejected, BLOCK: tl.constexpr):
+    """(sum of max(p - q, 0) if `rejected` else 0, sum of p) over the row, in float64, in one read."""
+    residual = tl.zeros((), tl.float64)
+    total = tl.zeros((), tl.float64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK).to(tl.int64)
-        acc += tl.sum(weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, residual).to(tl.float64), 0)
-    return acc
+        p = weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, False)
+        q = tl.load(q_ptr + offs, mask=(offs < V) & rejected, other=0.0)
+        residual += tl.sum(tl.maximum(p - q, 0.0).to(tl.float64), 0)
+        total += tl.sum(p.to(tl.float64), 0)
+    return tl.where(rejected, residual, 0.0), total
 
 
 @triton.jit

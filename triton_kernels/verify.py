@@ -4,7 +4,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import RESIDUAL_EPS, TILE, prob_of, row_dist, sample_row, weight_total
+from .sampling import RESIDUAL_EPS, TILE, prob_of, row_dist, sample_row, weight_totals
 
 
 @triton.jit(do_not_specialize=["K", "V"])
@@ -30,7 +30,8 @@ def verify_kernel(
     # Accept X_j while u_j q_j(X_j) <= p_j(X_j); the loop ends on the stop row (rejection or bonus).
     j = tl.zeros((), tl.int64)
     searching = True
-    argmax, min_key, m, inv_sum = row_dist(rows, V, t, top_k, top_p, BLOCK)
+    argmax, min_key = tl.full((), -1, tl.int64), tl.zeros((), tl.int64)  # the stop row's distribution
+    m, inv_sum = tl.zeros((), tl.float32), tl.full((), 1.0, tl.float64)
     while searching:
         argmax, min_key, m, inv_sum = row_dist(rows + j * V, V, t, top_k, top_p, BLOCK)
         if j < length:
@@ -46,14 +47,14 @@ def verify_kernel(
 
     # The stop token: argmax for greedy rows; else the residual max(0, p - q) at a rejection,
     # p for the bonus or when the residual has no mass.
-    rejected = j < length
-    q_row = q_ptr + (b * K + tl.minimum(j, tl.maximum(K - 1, 0))) * V
-    mass = weight_total(rows + j * V, q_row, V, t, min_key, m, inv_sum, rejected, BLOCK)
-    residual = rejected & (mass.to(tl.float32) > RESIDUAL_EPS)
-    total = tl.where(residual, mass, weight_total(rows + j * V, q_row, V, t, min_key, m, inv_sum, False, BLOCK))
-    u = tl.load(u_ptr + b * (K + 1) + K)
-    y = tl.where(argmax >= 0, argmax, tl.zeros((), tl.int64))
+    y = argmax
     if argmax < 0:
+        rejected = j < length
+        q_row = q_ptr + (b * K + tl.minimum(j, tl.maximum(K - 1, 0))) * V
+        mass, total = weight_totals(rows + j * V, q_row, V, t, min_key, m, inv_sum, rejected, BLOCK)
+        residual = rejected & (mass.to(tl.float32) > RESIDUAL_EPS)
+        total = tl.where(residual, mass, total)
+        u = tl.load(u_ptr + b * (K + 1) + K)
         y = sample_row(rows + j * V, q_row, V, t, min_key, m, inv_sum, residual, total, u, BLOCK)
 
     for i in range(0, K + 1):  # accepted drafts, the stop token, then -1

@@ -152,6 +152,20 @@ __device__ RowDist row_dist(const T* row, int64_t V, Sampling s) {
     d.argmax = argmax_row(row, V);
     return d;
   }
+  if ((s.top_k <= 0 || s.top_k >= V) && s.top_p >= 1.0f) {  // the hot path: one read, online max and sum
+    float m = -INFINITY;
+    double sum = 0.0;
+    for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+      const float z = to_float(row[i]) / s.temperature;
+      if (z == -INFINITY) continue;
+      if (z > m) sum = sum * exp(static_cast<double>(m) - z) + 1.0, m = z;
+      else sum += expf(z - m);
+    }
+    d.max = block_reduce(m, Max{});
+    sum = m == -INFINITY ? 0.0 : sum * exp(static_cast<double>(m) - d.max);
+    d.inv_sum = 1.0 / block_reduce(sum, Sum{});
+    return d;
+  }
   float m = -INFINITY;
   for (int64_t i = threadIdx.x; i < V; i += kThreads) m = fmaxf(m, to_float(row[i]) / s.temperature);
   d.max = block_reduce(m, Max{});  // the max is always kept
@@ -177,11 +191,18 @@ __device__ __forceinline__ float weight_at(const T* row, const float* q, int64_t
   return residual ? fmaxf(p - q[i], 0.0f) : p;
 }
 
+// The sums of max(p - q, 0) (if `rejected`) and of p over the row, in double, in one read.
 template <typename T>
-__device__ double weight_total(const T* row, const float* q, int64_t V, const RowDist& d, bool residual) {
-  double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) acc += weight_at(row, q, i, d, residual);
-  return block_reduce(acc, Sum{});
+__device__ void weight_totals(const T* row, const float* q, int64_t V, const RowDist& d, bool rejected,
+                              double* residual, double* total) {
+  double r = 0.0, t = 0.0;
+  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
+    const float p = weight_at(row, q, i, d, false);
+    t += p;
+    if (rejected) r += fmaxf(p - q[i], 0.0f);
+  }
+  *residual = block_reduce(r, Sum{});
+  *total = block_reduce(t, Sum{});
 }
 
 // Inverse CDF: the smallest x with cumsum(w)[x] >= u * total and w[x] > 0, in double. Tiles
@@ -244,10 +265,10 @@ verify_kernel(const T* target, const float* q, const int64_t* tokens, const int6
   if (y < 0) {  // the residual max(0, p - q) at a rejection; p for the bonus or an empty residual
     const bool rejected = j < len;
     const float* q_row = rejected ? q + (b * K + j) * V : nullptr;
-    const double mass = rejected ? weight_total(rows + j * V, q_row, V, d, true) : 0.0;
+    double mass, total;
+    weight_totals(rows + j * V, q_row, V, d, rejected, &mass, &total);
     const bool residual = rejected && static_cast<float>(mass) > kResidualEps;
-    const double total = residual ? mass : weight_total(rows + j * V, q_row, V, d, false);
-    y = sample_row(rows + j * V, q_row, V, d, residual, total, u[b * (K + 1) + K]);
+    y = sample_row(rows + j * V, q_row, V, d, residual, residual ? mass : total, u[b * (K + 1) + K]);
   }
   for (int64_t i = threadIdx.x; i <= K; i += kThreads) out[b * (K + 1) + i] = i < j ? tokens[b * K + i] : (i == j ? y : -1);
   if (threadIdx.x == 0) accepted[b] = j;
