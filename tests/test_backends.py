@@ -174,6 +174,7 @@ def test_offsets_beyond_32_bits(backend, device):
 @pytest.mark.parametrize("backend,device", kernel_params())
 def test_opcheck_registered_ops(backend, device):
     """torch.library.opcheck: schema, fake (meta) implementation and dispatch of the custom ops."""
+    assert backends()[backend] is None  # loads the backend, registering its implementations
     prefix = "triton_" if backend == "triton" else ""
     logits, q, x, lens, u = to(device, *make_inputs(3, 4, 97, torch.float32, 1))
     sampling = [t.to(device) for t in per_row("mixed", 3).values()]
@@ -187,6 +188,7 @@ def test_opcheck_registered_ops(backend, device):
 @pytest.mark.parametrize("backend,device", kernel_params())
 def test_ops_trace_under_torch_compile(backend, device):
     """The fake implementations let torch.compile trace the ops without a graph break."""
+    assert backends()[backend] is None  # loads the backend, registering its implementations
     prefix = "triton_" if backend == "triton" else ""
     verify_op = getattr(torch.ops.specdec_fast, prefix + "verify")
     logits, q, x, lens, u = to(device, *make_inputs(2, 3, 50, torch.float32, 4))

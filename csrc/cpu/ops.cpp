@@ -7,6 +7,7 @@
 
 #include <atomic>
 
+#include "../op_inputs.h"
 #include "../philox.h"
 #include "sampling.h"
 
@@ -56,61 +57,41 @@ void for_each_row(int64_t B, int64_t V, F f) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
-    const at::Tensor& target_logits,  // [B, K+1, V] fp32/bf16/fp16
-    const at::Tensor& draft_probs,    // [B, K, V] fp32
-    const at::Tensor& draft_tokens,   // [B, K] int64
-    const at::Tensor& draft_lens,     // [B] int64
-    const at::Tensor& temperature,    // [B] fp32
-    const at::Tensor& top_k,          // [B] int64
-    const at::Tensor& top_p,          // [B] fp32
-    const at::Tensor& uniforms) {     // [B, K+1] fp32
-  TORCH_CHECK(target_logits.dim() == 3, "target_logits must be [B, K+1, V]");
-  const at::Tensor target = target_logits.contiguous();
-  const at::Tensor q = draft_probs.contiguous().to(at::kFloat);
-  const at::Tensor x = draft_tokens.contiguous().to(at::kLong);
-  const at::Tensor lens = draft_lens.contiguous().to(at::kLong);
-  const at::Tensor t = temperature.contiguous().to(at::kFloat), k = top_k.contiguous().to(at::kLong);
-  const at::Tensor p = top_p.contiguous().to(at::kFloat), u = uniforms.contiguous().to(at::kFloat);
-  const int64_t B = target.size(0), K = target.size(1) - 1, V = target.size(2);
-  at::Tensor accepted = at::empty({B}, x.options());
-  at::Tensor tokens = at::empty({B, K + 1}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, target.scalar_type(), "verify_cpu", [&] {
-    const auto* target_ptr = storage<scalar_t>(target);
+    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
+    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+    const at::Tensor& uniforms) {
+  const specdec::VerifyInputs in =
+      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms);
+  const int64_t B = in.B, K = in.K, V = in.V;
+  at::Tensor accepted = at::empty({B}, in.tokens.options()), tokens = at::empty({B, K + 1}, in.tokens.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.target.scalar_type(), "verify_cpu", [&] {
+    const auto* target = storage<scalar_t>(in.target);
     for_each_row(B, V, [&](int64_t b, specdec::Scratch& scratch, auto for_chunks) {
       accepted.data_ptr<int64_t>()[b] = specdec::verify_row(
-          target_ptr + b * (K + 1) * V, q.data_ptr<float>() + b * K * V, x.data_ptr<int64_t>() + b * K,
-          lens.data_ptr<int64_t>()[b], K, V, row_sampling(t, k, p, b), u.data_ptr<float>() + b * (K + 1),
-          tokens.data_ptr<int64_t>() + b * (K + 1), scratch, for_chunks);
+          target + b * (K + 1) * V, in.q.data_ptr<float>() + b * K * V, in.tokens.data_ptr<int64_t>() + b * K,
+          in.lens.data_ptr<int64_t>()[b], K, V, row_sampling(in.temperature, in.top_k, in.top_p, b),
+          in.uniforms.data_ptr<float>() + b * (K + 1), tokens.data_ptr<int64_t>() + b * (K + 1), scratch, for_chunks);
     });
   });
   return {accepted, tokens, accepted + 1};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step_cpu(
-    const at::Tensor& logits,       // [B, V]
-    const at::Tensor& temperature,  // [B]
-    const at::Tensor& top_k,        // [B]
-    const at::Tensor& top_p,        // [B]
-    const at::Tensor& uniforms) {   // [B]
-  TORCH_CHECK(logits.dim() == 2, "logits must be [B, V]");
-  const at::Tensor x = logits.contiguous();
-  const at::Tensor t = temperature.contiguous().to(at::kFloat), k = top_k.contiguous().to(at::kLong);
-  const at::Tensor p = top_p.contiguous().to(at::kFloat), u = uniforms.contiguous().to(at::kFloat);
-  const int64_t B = x.size(0), V = x.size(1);
-  const auto f32 = x.options().dtype(at::kFloat);
-  at::Tensor tokens = at::empty({B}, x.options().dtype(at::kLong));
-  at::Tensor probs = at::empty({B, V}, f32), token_prob = at::empty({B}, f32);
-  at::Tensor entropy = at::empty({B}, f32), top1 = at::empty({B}, f32);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "draft_step_cpu", [&] {
-    const auto* x_ptr = storage<scalar_t>(x);
-    for_each_row(B, V, [&](int64_t b, specdec::Scratch& scratch, auto for_chunks) {
+    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+    const at::Tensor& uniforms) {
+  const specdec::DraftStepInputs in = specdec::draft_step_inputs(logits, temperature, top_k, top_p, uniforms);
+  auto out = specdec::draft_step_outputs(in);
+  auto& [tokens, probs, token_prob, entropy, top1] = out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.logits.scalar_type(), "draft_step_cpu", [&] {
+    const auto* x = storage<scalar_t>(in.logits);
+    for_each_row(in.B, in.V, [&](int64_t b, specdec::Scratch& scratch, auto for_chunks) {
       tokens.data_ptr<int64_t>()[b] = specdec::draft_step_row(
-          x_ptr + b * V, V, row_sampling(t, k, p, b), u.data_ptr<float>()[b], probs.data_ptr<float>() + b * V,
-          scratch, token_prob.data_ptr<float>() + b, entropy.data_ptr<float>() + b, top1.data_ptr<float>() + b,
-          for_chunks);
+          x + b * in.V, in.V, row_sampling(in.temperature, in.top_k, in.top_p, b), in.uniforms.data_ptr<float>()[b],
+          probs.data_ptr<float>() + b * in.V, scratch, token_prob.data_ptr<float>() + b,
+          entropy.data_ptr<float>() + b, top1.data_ptr<float>() + b, for_chunks);
     });
   });
-  return {tokens, probs, token_prob, entropy, top1};
+  return out;
 }
 
 at::Tensor philox_uniforms_cpu(const at::Tensor& seed,    // [B] int64

@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "../op_inputs.h"
 #include "kernels.h"
 
 namespace {
@@ -26,52 +27,36 @@ void check_launch(cudaError_t error, const char* op) {
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
-    const at::Tensor& target_logits,  // [B, K+1, V] fp32/bf16/fp16
-    const at::Tensor& draft_probs,    // [B, K, V] fp32
-    const at::Tensor& draft_tokens,   // [B, K] int64
-    const at::Tensor& draft_lens,     // [B] int64
-    const at::Tensor& temperature,    // [B] fp32
-    const at::Tensor& top_k,          // [B] int64
-    const at::Tensor& top_p,          // [B] fp32
-    const at::Tensor& uniforms) {     // [B, K+1] fp32
-  TORCH_CHECK(target_logits.dim() == 3, "target_logits must be [B, K+1, V]");
+    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
+    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+    const at::Tensor& uniforms) {
   const c10::cuda::CUDAGuard guard(target_logits.device());
-  const at::Tensor target = target_logits.contiguous();
-  const at::Tensor q = draft_probs.contiguous().to(at::kFloat), x = draft_tokens.contiguous().to(at::kLong);
-  const at::Tensor lens = draft_lens.contiguous().to(at::kLong), t = temperature.contiguous().to(at::kFloat);
-  const at::Tensor kk = top_k.contiguous().to(at::kLong), p = top_p.contiguous().to(at::kFloat);
-  const at::Tensor u = uniforms.contiguous().to(at::kFloat);
-  const int64_t B = target.size(0), K = target.size(1) - 1, V = target.size(2);
-  at::Tensor accepted = at::empty({B}, x.options()), tokens = at::empty({B, K + 1}, x.options());
-  check_launch(k::verify(kernel_dtype(target), target.data_ptr(), q.data_ptr<float>(), x.data_ptr<int64_t>(),
-                         lens.data_ptr<int64_t>(), t.data_ptr<float>(), kk.data_ptr<int64_t>(), p.data_ptr<float>(),
-                         u.data_ptr<float>(), accepted.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(), B, K, V,
+  const specdec::VerifyInputs in =
+      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms);
+  at::Tensor accepted = at::empty({in.B}, in.tokens.options()), tokens = at::empty({in.B, in.K + 1}, in.tokens.options());
+  check_launch(k::verify(kernel_dtype(in.target), in.target.data_ptr(), in.q.data_ptr<float>(),
+                         in.tokens.data_ptr<int64_t>(), in.lens.data_ptr<int64_t>(), in.temperature.data_ptr<float>(),
+                         in.top_k.data_ptr<int64_t>(), in.top_p.data_ptr<float>(), in.uniforms.data_ptr<float>(),
+                         accepted.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(), in.B, in.K, in.V,
                          c10::cuda::getCurrentCUDAStream()),
                "verify");
   return {accepted, tokens, accepted + 1};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step_cuda(
-    const at::Tensor& logits,       // [B, V]
-    const at::Tensor& temperature,  // [B]
-    const at::Tensor& top_k,        // [B]
-    const at::Tensor& top_p,        // [B]
-    const at::Tensor& uniforms) {   // [B]
-  TORCH_CHECK(logits.dim() == 2, "logits must be [B, V]");
+    const at::Tensor& logits, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+    const at::Tensor& uniforms) {
   const c10::cuda::CUDAGuard guard(logits.device());
-  const at::Tensor x = logits.contiguous();
-  const at::Tensor t = temperature.contiguous().to(at::kFloat), kk = top_k.contiguous().to(at::kLong);
-  const at::Tensor p = top_p.contiguous().to(at::kFloat), u = uniforms.contiguous().to(at::kFloat);
-  const int64_t B = x.size(0), V = x.size(1);
-  const auto f32 = x.options().dtype(at::kFloat);
-  at::Tensor tokens = at::empty({B}, x.options().dtype(at::kLong)), probs = at::empty({B, V}, f32);
-  at::Tensor token_prob = at::empty({B}, f32), entropy = at::empty({B}, f32), top1 = at::empty({B}, f32);
-  check_launch(k::draft_step(kernel_dtype(x), x.data_ptr(), t.data_ptr<float>(), kk.data_ptr<int64_t>(),
-                             p.data_ptr<float>(), u.data_ptr<float>(), tokens.data_ptr<int64_t>(),
-                             probs.data_ptr<float>(), token_prob.data_ptr<float>(), entropy.data_ptr<float>(),
-                             top1.data_ptr<float>(), B, V, c10::cuda::getCurrentCUDAStream()),
+  const specdec::DraftStepInputs in = specdec::draft_step_inputs(logits, temperature, top_k, top_p, uniforms);
+  auto out = specdec::draft_step_outputs(in);
+  auto& [tokens, probs, token_prob, entropy, top1] = out;
+  check_launch(k::draft_step(kernel_dtype(in.logits), in.logits.data_ptr(), in.temperature.data_ptr<float>(),
+                             in.top_k.data_ptr<int64_t>(), in.top_p.data_ptr<float>(), in.uniforms.data_ptr<float>(),
+                             tokens.data_ptr<int64_t>(), probs.data_ptr<float>(), token_prob.data_ptr<float>(),
+                             entropy.data_ptr<float>(), top1.data_ptr<float>(), in.B, in.V,
+                             c10::cuda::getCurrentCUDAStream()),
                "draft_step");
-  return {tokens, probs, token_prob, entropy, top1};
+  return out;
 }
 
 at::Tensor philox_uniforms_cuda(const at::Tensor& seed,    // [B] int64
