@@ -6,7 +6,8 @@ non-editable install builds them too. Ahead of time instead:
 
     SPECDEC_FAST_AOT=1 pip install --no-build-isolation -e .
 
-builds specdec_fast/_cpu (and specdec_fast/_cuda where torch has CUDA and nvcc is found),
+builds specdec_fast/_cpu (and specdec_fast/_cuda where torch has CUDA and CUDA_HOME names
+a toolkit),
 which the loader then takes before any JIT build.
 """
 
@@ -38,6 +39,9 @@ def aot_extensions() -> tuple[list, dict]:
     extensions = [CppExtension("specdec_fast._cpu", ["csrc/cpu/ops.cpp"], extra_compile_args=cpu_flags,
                                extra_link_args=["-fopenmp"])]
     if torch.version.cuda is not None and CUDA_HOME is not None:
+        # As specdec_fast.backends.cuda_arch: SPECDEC_FAST_CUDA_ARCH, else the GPU's, else 9.0.
+        gpu = "%d.%d" % torch.cuda.get_device_capability() if torch.cuda.is_available() else "9.0"
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", os.environ.get("SPECDEC_FAST_CUDA_ARCH", gpu))
         extensions.append(CUDAExtension("specdec_fast._cuda", ["csrc/cuda/ops.cpp", "csrc/cuda/kernels.cu"],
                                         extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]}))
     return extensions, {"build_ext": BuildExtension}
