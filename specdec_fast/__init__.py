@@ -5,13 +5,25 @@ from .cached_lm import CachedLM, HFCachedLM, as_cached_lm
 from .decoder import SpeculativeDecoder
 from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive
 from .ops import DraftStepOutput, VerifyOutput, draft_step, philox_uniforms, verify
-from .policy import DraftPolicy, FixedDraftLength
+from .learned_policy import AcceptancePredictor, CostAwarePolicy, PolicyNetwork, ValueNetwork, default_policy
+from .policy import (ConfidenceThreshold, DraftPolicy, EntropyStop, FixedDraftLength, HeuristicSchedule, MDPState,
+                     SpeculativePolicy)
 from .sampling import SamplingParams, warp_logits
 from .smollm2 import load_smollm2
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AcceptancePredictor",
+    "ConfidenceThreshold",
+    "CostAwarePolicy",
+    "EntropyStop",
+    "HeuristicSchedule",
+    "MDPState",
+    "PolicyNetwork",
+    "SpeculativePolicy",
+    "ValueNetwork",
+    "default_policy",
     "backends",
     "CachedLM",
     "DraftPolicy",

@@ -1,10 +1,10 @@
 """Kernel backends: the op schemas, just-in-time builds, availability, and the choice made by ``backend="auto"``.
 
 Ops (``torch.ops.specdec_fast.*``, schemas defined here once, fake implementations for
-``torch.compile``): ``verify``, ``draft_step`` and ``philox_uniforms``, implemented for
-CPU tensors by ``csrc/cpu`` and for CUDA tensors by ``csrc/cuda`` (the dispatcher routes by
-device); ``triton_verify``, ``triton_draft_step`` and ``triton_philox_uniforms`` by
-``triton_kernels/``. C++ builds go through ``torch.utils.cpp_extension`` (ninja) into the
+``torch.compile``): ``verify`` (token-wise), ``verify_block``, ``draft_step`` and
+``philox_uniforms``, implemented for CPU tensors by ``csrc/cpu`` and for CUDA tensors by
+``csrc/cuda`` (the dispatcher routes by device); ``triton_verify``, ``triton_verify_block``,
+``triton_draft_step`` and ``triton_philox_uniforms`` by ``triton_kernels/``. C++ builds go through ``torch.utils.cpp_extension`` (ninja) into the
 user cache folder and are reused until a source changes. Environment switches:
 ``SPECDEC_FAST_NO_JIT=1`` disables builds, ``SPECDEC_FAST_VERBOSE=1`` shows them,
 ``SPECDEC_FAST_CUDA_ARCH`` sets the CUDA architectures (default: the GPU's, or 9.0).
@@ -20,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from .reference import draft_step_reference, verify_reference
+from .reference import draft_step_reference, verify_block_reference, verify_reference
 from .sampling import philox_uniforms
 from .smollm2 import cache_root
 
@@ -28,9 +28,11 @@ PACKAGE = Path(__file__).resolve().parent
 # Kernel sources: installed inside the package (setup.py copies them), or the source checkout's.
 CSRC = PACKAGE / "csrc" if (PACKAGE / "csrc").is_dir() else PACKAGE.parent / "csrc"
 
+VERIFY_SCHEMA = ("(Tensor target_logits, Tensor draft_probs, Tensor draft_tokens, Tensor draft_lens, "
+                 "Tensor temperature, Tensor top_k, Tensor top_p, Tensor uniforms) -> (Tensor, Tensor, Tensor)")
 SCHEMAS = {
-    "verify": "(Tensor target_logits, Tensor draft_probs, Tensor draft_tokens, Tensor draft_lens, Tensor temperature, "
-              "Tensor top_k, Tensor top_p, Tensor uniforms) -> (Tensor, Tensor, Tensor)",
+    "verify": VERIFY_SCHEMA,  # token-wise
+    "verify_block": VERIFY_SCHEMA,  # block verification
     "draft_step": "(Tensor logits, Tensor temperature, Tensor top_k, Tensor top_p, Tensor uniforms) "
                   "-> (Tensor, Tensor, Tensor, Tensor, Tensor)",
     "philox_uniforms": "(Tensor seed, Tensor offset, int n) -> Tensor",
@@ -60,6 +62,7 @@ def _fake_philox_uniforms(seed, offset, n):
 
 for _prefix in ("", "triton_"):
     torch.library.register_fake(f"specdec_fast::{_prefix}verify", _fake_verify, lib=_LIBRARY)
+    torch.library.register_fake(f"specdec_fast::{_prefix}verify_block", _fake_verify, lib=_LIBRARY)
     torch.library.register_fake(f"specdec_fast::{_prefix}draft_step", _fake_draft_step, lib=_LIBRARY)
     torch.library.register_fake(f"specdec_fast::{_prefix}philox_uniforms", _fake_philox_uniforms, lib=_LIBRARY)
 
@@ -211,7 +214,8 @@ def resolve(backend: str, device: torch.device) -> str:
     return backend
 
 
-REFERENCES = {"verify": verify_reference, "draft_step": draft_step_reference, "philox_uniforms": philox_uniforms}
+REFERENCES = {"verify": verify_reference, "verify_block": verify_block_reference, "draft_step": draft_step_reference,
+              "philox_uniforms": philox_uniforms}
 
 
 def op(name: str, backend: str) -> Callable:

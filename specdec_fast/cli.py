@@ -34,6 +34,16 @@ def _load_pair(args):
     return target, draft, tokenizer
 
 
+def _policy(args):
+    """The draft-length policy: the shipped learned one for the default pair, else a fixed length."""
+    from .learned_policy import default_policy
+    from .policy import FixedDraftLength
+
+    if args.num_draft_tokens is not None or args.target or args.draft or args.draft_layers:
+        return FixedDraftLength(args.num_draft_tokens if args.num_draft_tokens is not None else 4)
+    return default_policy(args.verifier)
+
+
 def _generate(args) -> int:
     from transformers import TextStreamer
 
@@ -43,7 +53,8 @@ def _generate(args) -> int:
     ids = chat_prompt_ids(tokenizer, args.prompt, chat=not args.no_chat)
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if not args.json else None
-    out = fast_generate(target, draft, ids, tokenizer=tokenizer, num_draft_tokens=args.num_draft_tokens, streamer=streamer, **sampling)
+    out = fast_generate(target, draft, ids, tokenizer=tokenizer, policy=_policy(args), verifier=args.verifier,
+                        streamer=streamer, **sampling)
     report = {"speculative": out.stats.as_dict(), "text": out.text}
     if not args.json:
         print(f"\n[speculative]   {out.stats.summary()}")
@@ -100,6 +111,26 @@ def _train_draft(args) -> int:
     return 0
 
 
+def _train_policy(args) -> int:
+    from . import train_policy
+
+    metadata = train_policy.run(Path(args.out), args.prompts, args.temperatures, args.max_new_tokens, args.max_draft)
+    print("calibration (held-out 20% of the training prompts): decile, predicted, observed acceptance")
+    for row in metadata["calibration"]:
+        print(f"  {row['decile']:2d}  {row['predicted']:.3f}  {row['observed']:.3f}  (n={row['n']})")
+    print(f"{metadata['rows']} drafted tokens from {metadata['prompts']} prompts in {metadata['minutes']:.1f} min; "
+          f"written to {args.out}")
+    return 0
+
+
+def _policies(args) -> int:
+    from .bench import policies
+
+    data = policies.run(args.prompts, args.temperatures, args.max_new_tokens, args.lengths)
+    print(policies.table(data))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specdec-fast", description="Lossless speculative decoding.")
     common = argparse.ArgumentParser(add_help=False)
@@ -115,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--num-draft-tokens", "-k", type=int, default=4)
+    gen.add_argument("--num-draft-tokens", "-k", type=int, default=None,
+                     help="a fixed draft length (default: the learned cost-aware policy for the default pair, 4 otherwise)")
+    gen.add_argument("--verifier", choices=["token", "block"], default="token")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--baseline", action="store_true", help="also run the target alone and print the speedup")
@@ -152,6 +185,22 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--corpus-chunks", type=int, default=384)
     train.add_argument("--eval-tokens", type=int, default=64)
     train.set_defaults(run=_train_draft)
+
+    tp = commands.add_parser("train-policy", parents=[common],
+                             help="traces of the default pair -> the learned draft-length policy (data/policy.safetensors)")
+    tp.add_argument("--out", default=str(Path(__file__).parent / "data" / "policy.safetensors"))
+    tp.add_argument("--prompts", type=int, default=40, help="training prompts traced (the last 20%% calibrate)")
+    tp.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    tp.add_argument("--max-new-tokens", type=int, default=64)
+    tp.add_argument("--max-draft", type=int, default=8)
+    tp.set_defaults(run=_train_policy)
+
+    pol = commands.add_parser("policies", parents=[common], help="draft-length policies x verifiers on the held-out prompts (benchmarks/policies.py)")
+    pol.add_argument("--prompts", type=int, default=6, help="an evenly spaced subset of N held-out prompts")
+    pol.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    pol.add_argument("--max-new-tokens", type=int, default=64)
+    pol.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 3, 4, 6], help="fixed draft lengths compared")
+    pol.set_defaults(run=_policies)
 
     args = parser.parse_args(argv)
     argv = argv if argv is not None else sys.argv[1:]

@@ -25,12 +25,14 @@ class SpeculativeDecoder:
         draft_model,
         num_draft_tokens: int = 4,
         policy: DraftPolicy | None = None,
+        verifier: str = "token",
         temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,
     ):
         self.target_model, self.draft_model = target_model, draft_model
-        self.settings = dict(num_draft_tokens=num_draft_tokens, policy=policy, temperature=temperature, top_k=top_k, top_p=top_p)
+        self.settings = dict(num_draft_tokens=num_draft_tokens, policy=policy, verifier=verifier, temperature=temperature,
+                             top_k=top_k, top_p=top_p)
         self.totals = dict(new_tokens=0, rounds=0, target_calls=0, draft_calls=0, drafted=0, accepted=0, wall_s=0.0)
 
     def generate(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -178,9 +178,11 @@ def fast_generate(
     top_p: float = 1.0,
     num_draft_tokens: int = 4,
     policy: DraftPolicy | None = None,
+    verifier: str = "token",
     seed: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     streamer=None,
+    on_round: Callable | None = None,
 ) -> GenerationOutput:
     """Speculative decoding of one sequence; the output follows the target's distribution exactly.
 
@@ -191,11 +193,15 @@ def fast_generate(
         temperature, top_k, top_p: sampling; temperature 0 is greedy (then the output equals
             the target's own greedy decoding).
         num_draft_tokens: draft length per round, unless ``policy`` chooses it.
+        verifier: "token" (token-wise) or "block" (block verification: the same output
+            distribution, never fewer accepted tokens in expectation).
         seed: seeds the generator of all randomness (draft sampling and verification).
         eos_token_id: stop after this token (int or several); None takes the target's
             generation config or the tokenizer's; ``()`` never stops early.
         streamer: a transformers streamer (``put``/``end``, e.g. ``TextStreamer``); it gets
             the prompt, then each round's new tokens.
+        on_round: called after each verification as ``on_round(target_logits [k+1, V],
+            draft_probs [k, V], draft_tokens [k], out: VerifyOutput)`` (traces, monitoring).
 
     Returns:
         GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.
@@ -228,7 +234,7 @@ def fast_generate(
 
     while n < prompt_len + max_new_tokens:
         remaining = prompt_len + max_new_tokens - n
-        k_max = min(policy.max_draft_tokens(), remaining - 1)
+        k_max = min(policy.begin_round(remaining - 1), remaining - 1)
         u_draft = draw_uniforms(1, k_max, generator)
         u_verify = draw_uniforms(1, k_max + 1, generator)
 
@@ -260,12 +266,15 @@ def fast_generate(
         stats.target_s += verify_start - target_start
         out = verify(
             target_logits[None], q.to(target_logits.device), draft_tokens[None].to(target_logits.device),
-            **sampling, uniforms=u_verify[:, : k + 1],
+            **sampling, uniforms=u_verify[:, : k + 1], verifier=verifier,
         )
         accepted = int(out.num_accepted)
         emitted = out.tokens[0, : accepted + 1].tolist()  # the round's one host sync
         emitted = emitted[: _first_eos(emitted, eos)]
-        stats.verify_s += time.perf_counter() - verify_start
+        round_end = time.perf_counter()
+        stats.verify_s += round_end - verify_start
+        if on_round is not None:
+            on_round(target_logits, q[0], draft_tokens, out)
 
         # Roll back: both caches keep only the prefix shared with the new committed sequence.
         for lm in (target_lm, draft_lm):
@@ -273,7 +282,7 @@ def fast_generate(
         ids[n : n + len(emitted)] = torch.tensor(emitted)
         n += len(emitted)
         stats.record_round(k, accepted, len(emitted))
-        policy.observe(k, accepted)
+        policy.observe(k, accepted, target_start - draft_start, round_end - target_start)
         if streamer is not None:
             streamer.put(torch.tensor(emitted))
         if emitted[-1] in eos:

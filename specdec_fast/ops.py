@@ -14,6 +14,9 @@ from .reference.verify import VerifyOutput
 from .sampling import Generators, SamplingParams, draw_uniforms
 
 
+VERIFIERS = {"token": "verify", "block": "verify_block"}  # verifier -> op name
+
+
 def _sampling_tensors(temperature, top_k, top_p, batch: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
     """Scalars or per-row tensors/sequences -> checked per-row tensors (fp32 [B], int64 [B], fp32 [B])."""
 
@@ -114,9 +117,10 @@ def verify(
     generator: Generators = None,
     seed: int | Tensor | None = None,
     offset: int | Tensor = 0,
+    verifier: str = "token",
     backend: str = "auto",
 ) -> VerifyOutput:
-    """Verify B drafts against the target, losslessly (token-wise rule; see DESIGN.md).
+    """Verify B drafts against the target, losslessly (see DESIGN.md).
 
     Shape:
         target: [B, K+1, V] logits (fp32/bf16/fp16), or probabilities if ``target_is_probs``
@@ -130,6 +134,8 @@ def verify(
             Or drawn from ``generator`` (one, or one per row), or counter-based from ``seed``
             and ``offset`` (ints or [B]): row b uses Philox(seed_b, offset_b + i), i <= K,
             so its result never depends on the rest of the batch.
+        verifier: "token" (Leviathan et al. 2023: accept each X_i with min(1, p/q)) or "block"
+            (Sun et al. 2025: never fewer accepted tokens in expectation; same output law).
         backend: "auto" | "torch" | "cpu" | "cuda" | "triton" (see :func:`backends`).
 
     Returns:
@@ -139,6 +145,8 @@ def verify(
         >>> out = verify(target_logits, q, x, torch.tensor([3]), temperature=0.8, generator=g)
         >>> new_tokens = out.tokens[0, : out.num_emitted[0]]
     """
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose from {tuple(VERIFIERS)}")
     if target.dim() != 3:
         raise ValueError(f"target must have shape [B, K+1, V], got {list(target.shape)}")
     batch, k_plus_1, vocab = target.shape
@@ -180,7 +188,7 @@ def verify(
 
     logits = target.float().log() if target_is_probs else target
     args = (logits, draft_probs.float(), draft_tokens, draft_lens, temperature, top_k, top_p, uniforms)
-    return VerifyOutput(*op("verify", backend)(*args))
+    return VerifyOutput(*op(VERIFIERS[verifier], backend)(*args))
 
 
 def draft_step(

@@ -1,40 +1,138 @@
-"""Draft-length policies: after each draft token, CONTINUE drafting or STOP and verify.
+"""Draft-length policies: the MDP of speculative decoding (DESIGN.md, "The MDP").
 
-A policy only chooses how many tokens to draft. It sees draft-side features and past
-rounds, never the current round's target outputs, so it cannot bias the output.
+After each drafted token a policy chooses CONTINUE or STOP; before a round it may choose
+not to draft at all. It sees draft-side features (:class:`MDPState`) and past rounds only,
+never the current round's target outputs or uniforms, so it chooses how many tokens to
+draft and cannot bias which are accepted: the output stays the target's distribution.
+
+The loop (``fast_generate``) calls, per round: ``begin_round(remaining)`` -> the most
+tokens to draft (0: none); ``continue_drafting(position, step)`` after each drafted token
+but the last allowed one; ``observe(drafted, accepted, draft_s, target_s)`` after
+verification, with the round's measured draft and target (+ verify) seconds.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Protocol
+
+import torch
 
 from .reference.draft_step import DraftStepOutput
 
+FEATURES = ("position", "entropy", "top1", "token_prob", "survival", "recent_acceptance", "remaining")
+
+
+@dataclass
+class MDPState:
+    """The state after drafting a token (the seed's name): the features a policy decides on.
+
+    position: tokens drafted this round (1 for the first); entropy, top1, token_prob: H(q),
+    max q and q(X) of the token just drafted; survival: the policy's predicted probability
+    (for block verification, the clipped cumulative ratio) that every token drafted so far
+    is accepted; recent_acceptance: running acceptance rate of past rounds; remaining: the
+    token budget left after this round's drafts.
+    """
+
+    position: int
+    entropy: float
+    top1: float
+    token_prob: float
+    survival: float
+    recent_acceptance: float
+    remaining: int
+
+    def features(self) -> torch.Tensor:
+        """fp32 [len(FEATURES)], in FEATURES order (remaining as log1p)."""
+        return torch.tensor([self.position, self.entropy, self.top1, self.token_prob, self.survival,
+                             self.recent_acceptance, math.log1p(self.remaining)], dtype=torch.float32)
+
 
 class DraftPolicy(Protocol):
-    """The decoding loop calls, per round: ``max_draft_tokens`` once, ``continue_drafting``
-    after each drafted token (not after the last allowed one), ``observe`` after verification."""
-
-    def max_draft_tokens(self) -> int: ...
+    def begin_round(self, remaining: int) -> int: ...
 
     def continue_drafting(self, position: int, step: DraftStepOutput) -> bool: ...
 
-    def observe(self, drafted: int, accepted: int) -> None: ...
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None: ...
 
 
-class FixedDraftLength:
+class SpeculativePolicy:
+    """Base of the MDP policies (the seed's name): tracks the round and the history, builds an
+    :class:`MDPState` after each drafted token and asks :meth:`decide` (True = CONTINUE)."""
+
+    def __init__(self, max_draft_tokens: int = 8, smoothing: float = 0.9):
+        if int(max_draft_tokens) != max_draft_tokens or max_draft_tokens < 0:
+            raise ValueError(f"max_draft_tokens must be an integer >= 0, got {max_draft_tokens}")
+        self.max_length = int(max_draft_tokens)
+        self.smoothing = smoothing
+        self.recent_acceptance = 0.5  # running per-token acceptance rate of past rounds
+        self.survival = 1.0
+        self.remaining = 0
+
+    def begin_round(self, remaining: int) -> int:
+        self.survival, self.remaining = 1.0, remaining
+        return min(self.max_length, remaining)
+
+    def continue_drafting(self, position: int, step: DraftStepOutput) -> bool:
+        state = MDPState(position + 1, float(step.entropy[0]), float(step.top1_prob[0]), float(step.token_prob[0]),
+                         self.survival, self.recent_acceptance, self.remaining - position - 1)
+        return self.decide(state)
+
+    def decide(self, state: MDPState) -> bool:
+        return True
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+        if drafted:
+            rate = accepted / drafted
+            self.recent_acceptance = self.smoothing * self.recent_acceptance + (1 - self.smoothing) * rate
+
+
+class FixedDraftLength(SpeculativePolicy):
     """Always draft ``k`` tokens (fewer only at the end of the token budget or at EOS)."""
 
     def __init__(self, k: int):
         if int(k) != k or k < 0:
             raise ValueError(f"num_draft_tokens must be an integer >= 0, got {k}")
-        self.k = int(k)
+        super().__init__(k)
+        self.k = self.max_length
 
-    def max_draft_tokens(self) -> int:
-        return self.k
 
-    def continue_drafting(self, position: int, step: DraftStepOutput) -> bool:
-        return True
+class HeuristicSchedule(SpeculativePolicy):
+    """transformers' "heuristic" schedule: +2 tokens after a fully accepted round, -1 otherwise (>= 1)."""
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        pass
+    def __init__(self, start: int = 5, max_draft_tokens: int = 16):
+        super().__init__(max_draft_tokens)
+        self.length = start
+
+    def begin_round(self, remaining: int) -> int:
+        super().begin_round(remaining)
+        return min(self.length, remaining)
+
+    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+        super().observe(drafted, accepted, draft_s, target_s)
+        if drafted:
+            self.length = min(self.max_length, self.length + 2) if accepted == drafted else max(1, self.length - 1)
+
+
+class ConfidenceThreshold(SpeculativePolicy):
+    """Stop when the drafted token's probability q(X) falls below ``threshold``."""
+
+    def __init__(self, threshold: float = 0.4, max_draft_tokens: int = 8):
+        super().__init__(max_draft_tokens)
+        self.threshold = threshold
+
+    def decide(self, state: MDPState) -> bool:
+        return state.token_prob >= self.threshold
+
+
+class EntropyStop(SpeculativePolicy):
+    """AdaEDL-style: stop when the entropy-based lower bound on acceptance, 1 - sqrt(gamma H(q)),
+    falls below ``threshold`` (Agrawal et al. 2024)."""
+
+    def __init__(self, threshold: float = 0.4, gamma: float = 0.6, max_draft_tokens: int = 8):
+        super().__init__(max_draft_tokens)
+        self.threshold, self.gamma = threshold, gamma
+
+    def decide(self, state: MDPState) -> bool:
+        return 1.0 - math.sqrt(self.gamma * max(state.entropy, 0.0)) >= self.threshold

@@ -37,23 +37,24 @@ def verify_on(backend: str, *tensors, **kwargs) -> VerifyOutput:
     return VerifyOutput(*(t.cpu() for t in out))
 
 
-def verifier(pair, backend: str):
+def verifier(pair, backend: str, rule: str = "token"):
     def fn(target_logits, draft_probs, draft_tokens, draft_lens, g):
         return verify_on(backend, target_logits, draft_probs, draft_tokens, draft_lens, temperature=pair.temperature,
-                         top_k=pair.top_k, top_p=pair.top_p, generator=g)
+                         top_k=pair.top_k, top_p=pair.top_p, generator=g, verifier=rule)
 
     return fn
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("rule", ["token", "block"])
 @pytest.mark.parametrize("sampling", list(SAMPLING))
 @pytest.mark.parametrize("temperature", [0.7, 1.0, 1.5])
 @pytest.mark.parametrize("k,vocab", [(1, 64), (3, 16), (5, 8)])
-def test_every_position_follows_target(backend, sampling, temperature, k, vocab):
+def test_every_position_follows_target(backend, rule, sampling, temperature, k, vocab):
     top_k, top_p = SAMPLING[sampling]
     seed = zlib.crc32(f"{k},{vocab},{temperature},{sampling}".encode())
     pair = make_pair(k, vocab, temperature, top_k, top_p, seed)
-    seq = run_trials(pair, verifier(pair, backend), TRIALS, seed + 1)
+    seq = run_trials(pair, verifier(pair, backend, rule), TRIALS, seed + 1)
     assert failing_positions(pair, seq) == []
 
 
@@ -101,7 +102,8 @@ def test_negative_control_detects_wrong_rule(wrong_rule):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_greedy_emits_target_argmax_chain(backend):
+@pytest.mark.parametrize("rule", ["token", "block"])
+def test_greedy_emits_target_argmax_chain(backend, rule):
     """Temperature 0: accept while the draft equals argmax p; emit the argmax at the stop."""
     pair = make_pair(5, 16, 0.0, 0, 1.0, seed=3)
     g = torch.Generator().manual_seed(0)
@@ -121,7 +123,8 @@ def test_greedy_emits_target_argmax_chain(backend):
         prev = x
     draft_tokens = torch.stack(tokens, 1)
     draft_probs = torch.nn.functional.one_hot(draft_tokens, 16).float()
-    out = verify_on(backend, torch.stack(logits, 1), draft_probs, draft_tokens, lens, temperature=0.0, generator=g)
+    out = verify_on(backend, torch.stack(logits, 1), draft_probs, draft_tokens, lens, temperature=0.0, generator=g,
+                    verifier=rule)
     assert torch.equal(out.num_accepted, torch.minimum(agree, lens))
     prev = torch.zeros(trials, dtype=torch.int64)
     for i in range(k + 1):

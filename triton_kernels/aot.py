@@ -13,12 +13,14 @@ from triton.compiler import ASTSource
 
 from .draft_step import draft_step_kernel
 from .philox import philox_kernel
-from .verify import verify_kernel
+from .verify import verify_block_kernel, verify_kernel
 
 I64, F32 = "*i64", "*fp32"
 SIGNATURES = {  # kernel: (function, argument types, constexprs); logits in bf16 here
     "verify": (verify_kernel, ["*bf16", F32, I64, I64, F32, I64, F32, F32, I64, I64, "i64", "i64"],
                dict(BLOCK=4096)),
+    "verify_block": (verify_block_kernel, ["*bf16", F32, I64, I64, F32, I64, F32, F32, I64, I64, "i64", "i64"],
+                     dict(BLOCK=4096)),
     "draft_step": (draft_step_kernel, ["*bf16", F32, I64, F32, F32, I64, F32, F32, F32, F32, "i64"],
                    dict(BLOCK=4096)),
     "philox": (philox_kernel, [I64, I64, F32, "i64"], dict(BLOCK=64)),

@@ -32,7 +32,7 @@ def draft_step_kernel(
     entropy = tl.zeros((), tl.float64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK).to(tl.int64)
-        q = weights_tile(row, row, offs, V, t, min_key, m, inv_sum, False)
+        q = weights_tile(row, row, offs, V, t, min_key, m, inv_sum, False, 1.0)
         q = tl.where(greedy, tl.where(offs == argmax, 1.0, 0.0), q)
         tl.store(probs_ptr + b * V + offs, q, mask=offs < V)
         total += tl.sum(q.to(tl.float64), 0)
@@ -43,7 +43,7 @@ def draft_step_kernel(
     token = argmax
     token_prob = tl.full((), 1.0, tl.float32)
     if argmax < 0:
-        token = sample_row(row, row, V, t, min_key, m, inv_sum, False, total, u, BLOCK)
+        token = sample_row(row, row, V, t, min_key, m, inv_sum, False, 1.0, total, u, BLOCK)
         z = tl.load(row + token).to(tl.float32) / t  # q(token), by the same formula as the stored q
         token_prob = tl.where(order_key(z) >= min_key, exp_shifted(z, m) * inv_sum.to(tl.float32), 0.0)
     tl.store(tokens_ptr + b, token)

@@ -154,30 +154,30 @@ def prob_of(logit, x, t, argmax, min_key, m, inv_sum):
 
 
 @triton.jit
-def weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, residual):
-    """Sampling weights of one tile: p, or max(p - q, 0) if `residual`; 0 past the row's end."""
+def weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, residual, p_scale):
+    """Sampling weights of one tile: p, or max(p_scale p - q, 0) if `residual`; 0 past the row's end."""
     z = scaled_tile(row_ptr, offs, V, t)
     p = tl.where(order_key(z) >= min_key, exp_shifted(z, m) * inv_sum.to(tl.float32), 0.0)
     q = tl.load(q_ptr + offs, mask=(offs < V) & residual, other=0.0)
-    return tl.where(residual, tl.maximum(p - q, 0.0), p)
+    return tl.where(residual, tl.maximum(p * p_scale - q, 0.0), p)
 
 
 @triton.jit
-def weight_totals(row_ptr, q_ptr, V, t, min_key, m, inv_sum, rejected, BLOCK: tl.constexpr):
-    """(sum of max(p - q, 0) if `rejected` else 0, sum of p) over the row, in float64, in one read."""
+def weight_totals(row_ptr, q_ptr, V, t, min_key, m, inv_sum, rejected, p_scale, BLOCK: tl.constexpr):
+    """(sum of max(p_scale p - q, 0) if `rejected` else 0, sum of p) over the row, in float64, in one read."""
     residual = tl.zeros((), tl.float64)
     total = tl.zeros((), tl.float64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK).to(tl.int64)
-        p = weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, False)
+        p = weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, False, 1.0)
         q = tl.load(q_ptr + offs, mask=(offs < V) & rejected, other=0.0)
-        residual += tl.sum(tl.maximum(p - q, 0.0).to(tl.float64), 0)
+        residual += tl.sum(tl.maximum(p * p_scale - q, 0.0).to(tl.float64), 0)
         total += tl.sum(p.to(tl.float64), 0)
     return tl.where(rejected, residual, 0.0), total
 
 
 @triton.jit
-def sample_row(row_ptr, q_ptr, V, t, min_key, m, inv_sum, residual, total, u, BLOCK: tl.constexpr):
+def sample_row(row_ptr, q_ptr, V, t, min_key, m, inv_sum, residual, p_scale, total, u, BLOCK: tl.constexpr):
     """Inverse CDF: the smallest x with cumsum(w)[x] >= u * total, w of positive weight, in float64."""
     target = u.to(tl.float64) * total
     cum = tl.zeros((), tl.float64)
@@ -185,7 +185,7 @@ def sample_row(row_ptr, q_ptr, V, t, min_key, m, inv_sum, residual, total, u, BL
     last = tl.full((), -1, tl.int64)  # the last token of positive weight: rounding past the end lands there
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK).to(tl.int64)
-        w = weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, residual)
+        w = weights_tile(row_ptr, q_ptr, offs, V, t, min_key, m, inv_sum, residual, p_scale)
         w64 = w.to(tl.float64)
         positive = (offs < V) & (w > 0)
         first = tl.min(tl.where(positive & (tl.cumsum(w64, 0) + cum >= target), offs, V), 0)

@@ -56,24 +56,42 @@ void for_each_row(int64_t B, int64_t V, F f) {
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
-    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
-    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& uniforms) {
-  const specdec::VerifyInputs in =
-      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms);
+// Token-wise (block = false) or block verification of every row.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_rows(const specdec::VerifyInputs& in, bool block) {
   const int64_t B = in.B, K = in.K, V = in.V;
   at::Tensor accepted = at::empty({B}, in.tokens.options()), tokens = at::empty({B, K + 1}, in.tokens.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.target.scalar_type(), "verify_cpu", [&] {
     const auto* target = storage<scalar_t>(in.target);
     for_each_row(B, V, [&](int64_t b, specdec::Scratch& scratch, auto for_chunks) {
-      accepted.data_ptr<int64_t>()[b] = specdec::verify_row(
-          target + b * (K + 1) * V, in.q.data_ptr<float>() + b * K * V, in.tokens.data_ptr<int64_t>() + b * K,
-          in.lens.data_ptr<int64_t>()[b], K, V, row_sampling(in.temperature, in.top_k, in.top_p, b),
-          in.uniforms.data_ptr<float>() + b * (K + 1), tokens.data_ptr<int64_t>() + b * (K + 1), scratch, for_chunks);
+      const auto row = [&](auto verify_row) {
+        return verify_row(target + b * (K + 1) * V, in.q.data_ptr<float>() + b * K * V,
+                          in.tokens.data_ptr<int64_t>() + b * K, in.lens.data_ptr<int64_t>()[b], K, V,
+                          row_sampling(in.temperature, in.top_k, in.top_p, b), in.uniforms.data_ptr<float>() + b * (K + 1),
+                          tokens.data_ptr<int64_t>() + b * (K + 1), scratch, for_chunks);
+      };
+      accepted.data_ptr<int64_t>()[b] = block ? row([](auto&&... a) { return specdec::verify_block_row(a...); })
+                                              : row([](auto&&... a) { return specdec::verify_row(a...); });
     });
   });
   return {accepted, tokens, accepted + 1};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
+    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+    const at::Tensor& uniforms) {
+  return verify_rows(
+      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
+      false);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_block_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
+    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+    const at::Tensor& uniforms) {
+  return verify_rows(
+      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
+      true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step_cpu(
@@ -113,6 +131,7 @@ at::Tensor philox_uniforms_cpu(const at::Tensor& seed,    // [B] int64
 
 TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
   m.impl("verify", &verify_cpu);
+  m.impl("verify_block", &verify_block_cpu);
   m.impl("draft_step", &draft_step_cpu);
   m.impl("philox_uniforms", &philox_uniforms_cpu);
 }

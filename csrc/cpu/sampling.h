@@ -262,21 +262,25 @@ RowDist row_dist(const T* logits, int64_t V, Sampling samp, Scratch& s, ForChunk
   return d;
 }
 
-// w[x] = p(x) (q == nullptr) or max(0, p(x) - q[x]) from a row_dist's scratch, with
+// w[x] = p(x) (q == nullptr) or max(0, p_scale p(x) - q[x]) from a row_dist's scratch, with
 // s.chunk_sum[k] = the sum of chunk k's weights (double); returns the total. w has room
 // for V rounded up to whole vectors unless `exact_end`, then exactly V entries.
 template <typename ForChunks = Serial>
 double fill_weights(const RowDist& d, const float* q, int64_t V, Scratch& s, float* w, bool exact_end,
-                    ForChunks for_chunks = {}) {
+                    ForChunks for_chunks = {}, float p_scale = 1.0f) {
   for_chunks(num_chunks(V), [&](int64_t k) {
     const int64_t c = k * kChunk, n = std::min(kChunk, V - c);
     const vfloat scale = splat(static_cast<float>(std::exp(static_cast<double>(s.chunk_max[k]) - d.max) * d.inv_sum));
+    const vfloat weight = splat(p_scale);
     double sum = 0.0;
     for (int64_t i = 0; i < n;) {
       vfloat part = {};
       for (int64_t end = std::min(n, i + kFlush * kWidth); i < end; i += kWidth) {
         vfloat v = load(s.e.get() + c + i) * scale;
-        if (q != nullptr) v = vmax(v - (i + kWidth <= n ? load(q + c + i) : load_partial(q + c + i, n - i, 0.0f)), vfloat{});
+        if (q != nullptr) {
+          const vfloat qv = i + kWidth <= n ? load(q + c + i) : load_partial(q + c + i, n - i, 0.0f);
+          v = vmax(v * weight - qv, vfloat{});
+        }
         if (exact_end && i + kWidth > n) store_partial(w + c + i, v, n - i);
         else store(w + c + i, v);
         part += v;
@@ -337,6 +341,38 @@ int64_t verify_row(const T* target, const float* q, const int64_t* tokens, int64
     fill_weights(d, nullptr, V, s, w, false, for_chunks);
   out_tokens[j] = sample_inverse_cdf(w, s.chunk_sum.get(), V, u[K]);
   return j;
+}
+
+// One row of block verification (reference/verify_block.py): the same inputs and outputs
+// as verify_row. Reads every drafted row: p_i needs P_i(X_i), r_i a pass over P_{i+1}, Q_{i+1}.
+template <typename T, typename ForChunks = Serial>
+int64_t verify_block_row(const T* target, const float* q, const int64_t* tokens, int64_t len, int64_t K, int64_t V,
+                         Sampling samp, const float* u, int64_t* out_tokens, Scratch& s, ForChunks for_chunks = {}) {
+  if (samp.temperature == 0.0f)  // point masses: block and token-wise accept the same matching prefix
+    return verify_row(target, q, tokens, len, K, V, samp, u, out_tokens, s, for_chunks);
+  double clipped = 1.0, clipped_at_tau = 1.0;  // p_i, and p_tau
+  int64_t tau = 0;
+  for (int64_t j = 0; j < len; ++j) {  // row j holds P_{j+1}; X_{j+1} = tokens[j]
+    const RowDist d = row_dist(target + j * V, V, samp, s, for_chunks);
+    if (j > 0) {  // h_j from r_j = sum max(p_j P_{j+1} - Q_{j+1}, 0), a pass over row j
+      const double r = fill_weights(d, q + j * V, V, s, s.w.get(), false, for_chunks, static_cast<float>(clipped));
+      const double denominator = r + 1.0 - clipped;
+      if (static_cast<double>(u[j - 1]) <= (denominator > 0.0 ? r / denominator : 1.0)) tau = j, clipped_at_tau = clipped;
+    }
+    const int64_t x = tokens[j];
+    const float qx = q[j * V + x];
+    clipped = qx > 0.0f ? std::min(1.0, clipped * d.prob(target[j * V + x], x) / qx) : 0.0;
+  }
+  if (len > 0 && static_cast<double>(u[len - 1]) <= clipped) tau = len, clipped_at_tau = clipped;  // h_L = p_L
+  for (int64_t i = 0; i <= K; ++i) out_tokens[i] = i < tau ? tokens[i] : -1;
+  // Y ~ P_{L+1} at tau = L; else norm(max(p_tau P_{tau+1} - Q_{tau+1}, 0)), or P_{tau+1} without mass.
+  const RowDist d = row_dist(target + tau * V, V, samp, s, for_chunks);
+  float* w = s.w.get();
+  if (tau == len || static_cast<float>(fill_weights(d, q + tau * V, V, s, w, false, for_chunks,
+                                                    static_cast<float>(clipped_at_tau))) <= kResidualEps)
+    fill_weights(d, nullptr, V, s, w, false, for_chunks);
+  out_tokens[tau] = sample_inverse_cdf(w, s.chunk_sum.get(), V, u[K]);
+  return tau;
 }
 
 // H(q) = sum_x q(x) (log(sum) - (z_x - max)) over x with q(x) > 0: no log per element.

@@ -184,22 +184,23 @@ __device__ RowDist row_dist(const T* row, int64_t V, Sampling s) {
   return d;
 }
 
-// Sampling weight of entry i: p(i), or max(p(i) - q[i], 0) if `residual`.
+// Sampling weight of entry i: p(i), or max(scale p(i) - q[i], 0) if `residual`.
 template <typename T>
-__device__ __forceinline__ float weight_at(const T* row, const float* q, int64_t i, const RowDist& d, bool residual) {
+__device__ __forceinline__ float weight_at(const T* row, const float* q, int64_t i, const RowDist& d, bool residual,
+                                           float scale) {
   const float p = d.weight(to_float(row[i]) / d.temperature);
-  return residual ? fmaxf(p - q[i], 0.0f) : p;
+  return residual ? fmaxf(scale * p - q[i], 0.0f) : p;
 }
 
-// The sums of max(p - q, 0) (if `rejected`) and of p over the row, in double, in one read.
+// The sums of max(scale p - q, 0) (if `rejected`) and of p over the row, in double, in one read.
 template <typename T>
-__device__ void weight_totals(const T* row, const float* q, int64_t V, const RowDist& d, bool rejected,
+__device__ void weight_totals(const T* row, const float* q, int64_t V, const RowDist& d, bool rejected, float scale,
                               double* residual, double* total) {
   double r = 0.0, t = 0.0;
   for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float p = weight_at(row, q, i, d, false);
+    const float p = weight_at(row, q, i, d, false, 1.0f);
     t += p;
-    if (rejected) r += fmaxf(p - q[i], 0.0f);
+    if (rejected) r += fmaxf(scale * p - q[i], 0.0f);
   }
   *residual = block_reduce(r, Sum{});
   *total = block_reduce(t, Sum{});
@@ -209,7 +210,7 @@ __device__ void weight_totals(const T* row, const float* q, int64_t V, const Row
 // of kTile entries, kItems consecutive ones per thread; only the tile that holds the
 // target is scanned.
 template <typename T>
-__device__ int64_t sample_row(const T* row, const float* q, int64_t V, const RowDist& d, bool residual,
+__device__ int64_t sample_row(const T* row, const float* q, int64_t V, const RowDist& d, bool residual, float scale,
                               double total, float u) {
   const double target = static_cast<double>(u) * total;
   double cum = 0.0;
@@ -219,7 +220,7 @@ __device__ int64_t sample_row(const T* row, const float* q, int64_t V, const Row
     float w[kItems];
     double mine = 0.0;
     for (int i = 0; i < kItems; ++i) {
-      w[i] = first + i < V ? weight_at(row, q, first + i, d, residual) : 0.0f;
+      w[i] = first + i < V ? weight_at(row, q, first + i, d, residual, scale) : 0.0f;
       mine += w[i];
       if (w[i] > 0.0f) last = first + i;
     }
@@ -244,34 +245,83 @@ __device__ Sampling row_sampling(const float* temperature, const int64_t* top_k,
   return Sampling{temperature[b], top_k[b], top_p[b]};
 }
 
+// The token emitted after `accepted` drafts of row b: argmax for greedy rows; else a sample
+// of max(scale p - q, 0) at a stop before the draft's end (p if that has no mass), of p at the end.
+template <typename T>
+__device__ int64_t stop_token(const T* rows, const float* q, const float* u, int64_t b, int64_t accepted, int64_t len,
+                              float scale, Sampling s, int64_t K, int64_t V) {
+  const RowDist d = row_dist(rows + accepted * V, V, s);
+  if (d.argmax >= 0) return d.argmax;  // the residual of a point mass is the point mass
+  const bool rejected = accepted < len;
+  const float* q_row = rejected ? q + (b * K + accepted) * V : nullptr;
+  double mass, total;
+  weight_totals(rows + accepted * V, q_row, V, d, rejected, scale, &mass, &total);
+  const bool residual = rejected && static_cast<float>(mass) > kResidualEps;
+  return sample_row(rows + accepted * V, q_row, V, d, residual, scale, residual ? mass : total, u[b * (K + 1) + K]);
+}
+
+__device__ void emit(const int64_t* tokens, int64_t* accepted_out, int64_t* out, int64_t b, int64_t accepted, int64_t y,
+                     int64_t K) {
+  for (int64_t i = threadIdx.x; i <= K; i += kThreads) out[b * (K + 1) + i] = i < accepted ? tokens[b * K + i] : (i == accepted ? y : -1);
+  if (threadIdx.x == 0) accepted_out[b] = accepted;
+}
+
+// Token-wise: accept X_j while u_j q_j(X_j) <= p_j(X_j); then the stop token.
+template <typename T>
+__device__ void token_wise_row(const T* target, const float* q, const int64_t* tokens, int64_t len, Sampling s,
+                               const float* u, int64_t* accepted, int64_t* out, int64_t b, int64_t K, int64_t V) {
+  const T* rows = target + b * (K + 1) * V;
+  int64_t j = 0;
+  for (; j < len; ++j) {
+    const RowDist d = row_dist(rows + j * V, V, s);
+    const int64_t x = tokens[b * K + j];
+    const float q_x = q[(b * K + j) * V + x];
+    if (!(q_x > 0.0f && u[b * (K + 1) + j] * q_x <= d.prob(rows[j * V + x], x))) break;  // q(x) == 0: reject
+  }
+  emit(tokens, accepted, out, b, j, stop_token(rows, q, u, b, j, len, 1.0f, s, K, V), K);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
 verify_kernel(const T* target, const float* q, const int64_t* tokens, const int64_t* lens, const float* temperature,
               const int64_t* top_k, const float* top_p, const float* u, int64_t* accepted, int64_t* out, int64_t K,
               int64_t V) {
+  const int64_t b = blockIdx.x;
+  token_wise_row(target, q, tokens, lens[b], row_sampling(temperature, top_k, top_p, b), u, accepted, out, b, K, V);
+}
+
+// Block verification (reference/verify_block.py): p_i = min(1, p_{i-1} P_i(X_i) / Q_i(X_i)),
+// h_i = r_i / (r_i + 1 - p_i) with r_i = sum max(p_i P_{i+1} - Q_{i+1}, 0), h_L = p_L,
+// tau = max{i : u_i <= h_i}.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+verify_block_kernel(const T* target, const float* q, const int64_t* tokens, const int64_t* lens,
+                    const float* temperature, const int64_t* top_k, const float* top_p, const float* u,
+                    int64_t* accepted, int64_t* out, int64_t K, int64_t V) {
   const int64_t b = blockIdx.x, len = lens[b];
   const Sampling s = row_sampling(temperature, top_k, top_p, b);
+  if (s.temperature == 0.0f) {  // point masses: block and token-wise accept the same matching prefix
+    token_wise_row(target, q, tokens, len, s, u, accepted, out, b, K, V);
+    return;
+  }
   const T* rows = target + b * (K + 1) * V;
-  int64_t j = 0;
-  RowDist d;
-  for (;; ++j) {  // accept X_j while u_j q_j(X_j) <= p_j(X_j)
-    d = row_dist(rows + j * V, V, s);
-    if (j == len) break;
+  double clipped = 1.0, clipped_tau = 1.0;  // p_j, and p_tau
+  int64_t tau = 0;
+  for (int64_t j = 0; j < len; ++j) {  // row j holds P_{j+1}; X_{j+1} = tokens[j]
+    const RowDist d = row_dist(rows + j * V, V, s);
+    if (j > 0) {
+      double r, unused;
+      weight_totals(rows + j * V, q + (b * K + j) * V, V, d, true, static_cast<float>(clipped), &r, &unused);
+      const double denominator = r + 1.0 - clipped;
+      if (static_cast<double>(u[b * (K + 1) + j - 1]) <= (denominator > 0.0 ? r / denominator : 1.0))
+        tau = j, clipped_tau = clipped;
+    }
     const int64_t x = tokens[b * K + j];
     const float q_x = q[(b * K + j) * V + x];
-    if (!(q_x > 0.0f && u[b * (K + 1) + j] * q_x <= d.prob(rows[j * V + x], x))) break;  // q(x) == 0: reject
+    clipped = q_x > 0.0f ? fmin(1.0, clipped * d.prob(rows[j * V + x], x) / q_x) : 0.0;
   }
-  int64_t y = d.argmax;  // greedy: the residual of a point mass is the point mass
-  if (y < 0) {  // the residual max(0, p - q) at a rejection; p for the bonus or an empty residual
-    const bool rejected = j < len;
-    const float* q_row = rejected ? q + (b * K + j) * V : nullptr;
-    double mass, total;
-    weight_totals(rows + j * V, q_row, V, d, rejected, &mass, &total);
-    const bool residual = rejected && static_cast<float>(mass) > kResidualEps;
-    y = sample_row(rows + j * V, q_row, V, d, residual, residual ? mass : total, u[b * (K + 1) + K]);
-  }
-  for (int64_t i = threadIdx.x; i <= K; i += kThreads) out[b * (K + 1) + i] = i < j ? tokens[b * K + i] : (i == j ? y : -1);
-  if (threadIdx.x == 0) accepted[b] = j;
+  if (len > 0 && static_cast<double>(u[b * (K + 1) + len - 1]) <= clipped) tau = len, clipped_tau = clipped;
+  emit(tokens, accepted, out, b, tau, stop_token(rows, q, u, b, tau, len, static_cast<float>(clipped_tau), s, K, V), K);
 }
 
 template <typename T>
@@ -299,7 +349,7 @@ draft_step_kernel(const T* logits, const float* temperature, const int64_t* top_
   }
   total = block_reduce(total, Sum{});
   h = block_reduce(h, Sum{});
-  const int64_t x = sample_row(row, q, V, d, false, total, u[b]);
+  const int64_t x = sample_row(row, q, V, d, false, 1.0f, total, u[b]);
   if (threadIdx.x == 0) {
     tokens[b] = x;
     token_prob[b] = d.weight(to_float(row[x]) / d.temperature);  // the formula q[x] was written with
@@ -328,12 +378,13 @@ cudaError_t by_dtype(Dtype dtype, F launch) {
 
 cudaError_t verify(Dtype dtype, const void* target, const float* q, const int64_t* tokens, const int64_t* lens,
                    const float* temperature, const int64_t* top_k, const float* top_p, const float* u,
-                   int64_t* accepted, int64_t* out, int64_t B, int64_t K, int64_t V, cudaStream_t stream) {
+                   int64_t* accepted, int64_t* out, int64_t B, int64_t K, int64_t V, bool block, cudaStream_t stream) {
   if (B == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    verify_kernel<T><<<B, kThreads, 0, stream>>>(static_cast<const T*>(target), q, tokens, lens, temperature,
-                                                  top_k, top_p, u, accepted, out, K, V);
+    const auto kernel = block ? verify_block_kernel<T> : verify_kernel<T>;
+    kernel<<<B, kThreads, 0, stream>>>(static_cast<const T*>(target), q, tokens, lens, temperature, top_k, top_p, u,
+                                       accepted, out, K, V);
     return cudaGetLastError();
   });
 }

@@ -26,21 +26,36 @@ void check_launch(cudaError_t error, const char* op) {
   TORCH_CHECK(error == cudaSuccess, "specdec_fast::", op, " CUDA launch failed: ", cudaGetErrorString(error));
 }
 
+// Token-wise (block = false) or block verification of every row.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_rows(const specdec::VerifyInputs& in, bool block) {
+  at::Tensor accepted = at::empty({in.B}, in.tokens.options()), tokens = at::empty({in.B, in.K + 1}, in.tokens.options());
+  check_launch(k::verify(kernel_dtype(in.target), in.target.data_ptr(), in.q.data_ptr<float>(),
+                         in.tokens.data_ptr<int64_t>(), in.lens.data_ptr<int64_t>(), in.temperature.data_ptr<float>(),
+                         in.top_k.data_ptr<int64_t>(), in.top_p.data_ptr<float>(), in.uniforms.data_ptr<float>(),
+                         accepted.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(), in.B, in.K, in.V, block,
+                         c10::cuda::getCurrentCUDAStream()),
+               block ? "verify_block" : "verify");
+  return {accepted, tokens, accepted + 1};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
     const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
     const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
     const at::Tensor& uniforms) {
   const c10::cuda::CUDAGuard guard(target_logits.device());
-  const specdec::VerifyInputs in =
-      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms);
-  at::Tensor accepted = at::empty({in.B}, in.tokens.options()), tokens = at::empty({in.B, in.K + 1}, in.tokens.options());
-  check_launch(k::verify(kernel_dtype(in.target), in.target.data_ptr(), in.q.data_ptr<float>(),
-                         in.tokens.data_ptr<int64_t>(), in.lens.data_ptr<int64_t>(), in.temperature.data_ptr<float>(),
-                         in.top_k.data_ptr<int64_t>(), in.top_p.data_ptr<float>(), in.uniforms.data_ptr<float>(),
-                         accepted.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(), in.B, in.K, in.V,
-                         c10::cuda::getCurrentCUDAStream()),
-               "verify");
-  return {accepted, tokens, accepted + 1};
+  return verify_rows(
+      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
+      false);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_block_cuda(
+    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
+    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
+    const at::Tensor& uniforms) {
+  const c10::cuda::CUDAGuard guard(target_logits.device());
+  return verify_rows(
+      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
+      true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step_cuda(
@@ -75,6 +90,7 @@ at::Tensor philox_uniforms_cuda(const at::Tensor& seed,    // [B] int64
 
 TORCH_LIBRARY_IMPL(specdec_fast, CUDA, m) {
   m.impl("verify", &verify_cuda);
+  m.impl("verify_block", &verify_block_cuda);
   m.impl("draft_step", &draft_step_cuda);
   m.impl("philox_uniforms", &philox_uniforms_cuda);
 }

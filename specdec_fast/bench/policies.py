@@ -1,0 +1,140 @@
+"""Draft-length policies x verifiers on the default pair (``benchmarks/policies.py``, ``specdec-fast policies``).
+
+On held-out prompts, at each temperature, side by side per prompt: the target alone; then
+for the token-wise and the block verifier, fixed draft lengths, transformers' heuristic
+schedule, the confidence threshold, the entropy rule (AdaEDL), the learned cost-aware
+policy, and the seed's value and policy networks. Reported per method: median tokens/s
+(and speedup over the target alone), target calls per new token, mean accepted length.
+
+The oracle (evaluation only, never a user policy) drafts until the first rejection using
+the target: from a run that drafts the longest fixed length token-wise, each round with a
+accepted tokens would have drafted min(a + 1, K) tokens and emitted the same a + 1, in
+min(a + 1, K) draft steps plus one target pass over min(a + 1, K) + 1 tokens (measured
+costs). The best fixed length is chosen in hindsight on the same prompts.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+from tqdm import tqdm
+
+from ..drafts import default_draft
+from ..generate import fast_generate, generate_autoregressive
+from ..learned_policy import NetworkPolicy, default_policy, load_policy
+from ..policy import ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule
+from ..prompts import chat_prompt_ids, heldout_prompts
+from ..smollm2 import load_smollm2
+from .common import machine, markdown_table, write_results
+from .e2e import step_costs
+
+
+def policy_factories(lengths: list[int]) -> dict:
+    """name -> (verifier -> a fresh policy)."""
+    _, value, policy, _ = load_policy()
+    factories = {f"fixed k={k}": (lambda v, k=k: FixedDraftLength(k)) for k in lengths}
+    return factories | {
+        "heuristic": lambda v: HeuristicSchedule(),
+        "confidence": lambda v: ConfidenceThreshold(),
+        "entropy (AdaEDL)": lambda v: EntropyStop(),
+        "learned cost-aware": lambda v: default_policy(v),
+        "value network": lambda v: NetworkPolicy(value),
+        "policy network": lambda v: NetworkPolicy(policy),
+    }
+
+
+def oracle(rounds: list[tuple[int, int]], new_tokens: int, costs: dict, k: int) -> dict:
+    """tokens/s, target calls per token and accepted length of drafting until the first rejection."""
+    seconds = sum(min(a + 1, d) * costs["draft_step_s"] + costs["target_step_s"] * (costs["v"].get(min(a + 1, d), 1.0)
+                  if min(a + 1, d) else 1.0) for d, a in rounds)
+    return dict(tps=new_tokens / seconds, calls_per_token=len(rounds) / new_tokens, accepted_length=new_tokens / len(rounds))
+
+
+def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, lengths: list[int],
+        out_name: str = "policies") -> dict:
+    target, tokenizer = load_smollm2()
+    draft = default_draft(target)
+    prompts = heldout_prompts()[:: -(-len(heldout_prompts()) // num_prompts)]
+    costs = step_costs(target, draft, chat_prompt_ids(tokenizer, prompts[0]["prompt"], chat=True), max(lengths) + 1)
+    factories = policy_factories(lengths)
+    runs = []
+    for i, p in enumerate(tqdm(prompts, desc="policies")):
+        ids = chat_prompt_ids(tokenizer, p["prompt"], chat=True)
+        for temperature in temperatures:
+            common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=i, eos_token_id=())
+            row = dict(prompt=i, temperature=temperature)
+            base = generate_autoregressive(target, ids, **common).stats
+            runs.append(dict(row, method="target alone", verifier="-", tps=base.tokens_per_second, calls_per_token=1.0,
+                             accepted_length=1.0))
+            for verifier in ("token", "block"):
+                for name, make in factories.items():
+                    rounds = []
+                    record = lambda logits, q, x, out: rounds.append((len(x), int(out.num_accepted)))  # noqa: E731
+                    s = fast_generate(target, draft, ids, policy=make(verifier), verifier=verifier, on_round=record,
+                                      **common).stats
+                    runs.append(dict(row, method=name, verifier=verifier, tps=s.tokens_per_second,
+                                     calls_per_token=s.rounds / s.new_tokens, accepted_length=s.mean_accepted_length))
+                    if verifier == "token" and name == f"fixed k={max(lengths)}":
+                        runs.append(dict(row, method="oracle", verifier="token",
+                                         **oracle(rounds, s.new_tokens, costs, max(lengths))))
+    summary = summarize(runs, temperatures, lengths)
+    data = dict(machine=machine(), costs=costs, settings=dict(prompts=len(prompts), max_new_tokens=max_new_tokens,
+                                                              temperatures=temperatures, lengths=lengths),
+                summary=summary, runs=runs)
+    write_results(out_name, data, table(data))
+    plot(summary, out_name)
+    return data
+
+
+def summarize(runs: list[dict], temperatures: list[float], lengths: list[int]) -> list[dict]:
+    """Medians over prompts per (temperature, verifier, method), speedups as medians of per-prompt ratios;
+    plus the best fixed length in hindsight per (temperature, verifier)."""
+    out = []
+    for temperature in temperatures:
+        rows = [r for r in runs if r["temperature"] == temperature]
+        base = {r["prompt"]: r["tps"] for r in rows if r["method"] == "target alone"}
+        for method, verifier in dict.fromkeys((r["method"], r["verifier"]) for r in rows):
+            mine = [r for r in rows if r["method"] == method and r["verifier"] == verifier]
+            out.append(dict(temperature=temperature, method=method, verifier=verifier,
+                            tps=statistics.median(r["tps"] for r in mine),
+                            speedup=statistics.median(r["tps"] / base[r["prompt"]] for r in mine),
+                            calls_per_token=statistics.median(r["calls_per_token"] for r in mine),
+                            accepted_length=statistics.median(r["accepted_length"] for r in mine)))
+        for verifier in ("token", "block"):
+            fixed = [s for s in out if s["temperature"] == temperature and s["verifier"] == verifier
+                     and s["method"].startswith("fixed")]
+            best = max(fixed, key=lambda s: s["tps"])
+            out.append(dict(best, method=f"best fixed ({best['method']})"))
+    return out
+
+
+def table(data: dict) -> str:
+    head = ["T", "verifier", "method", "tok/s", "speedup vs target", "target calls / token", "mean accepted length"]
+    rows = [[f"{s['temperature']:g}", s["verifier"], s["method"], s["tps"], s["speedup"], s["calls_per_token"],
+             s["accepted_length"]] for s in data["summary"]]
+    c = data["costs"]
+    return (markdown_table(head, rows) + f"\n\nCosts: target pass {c['target_step_s'] * 1e3:.1f} ms, draft pass "
+            f"{c['draft_step_s'] * 1e3:.1f} ms; v(k) = " + ", ".join(f"{x:.2f}" for x in c["v"].values()) + ".")
+
+
+def plot(summary: list[dict], name: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .common import RESULTS
+
+    temperatures = sorted({s["temperature"] for s in summary})
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(7 * len(temperatures), 5), squeeze=False)
+    for ax, temperature in zip(axes[0], temperatures):
+        rows = [s for s in summary if s["temperature"] == temperature and not s["method"].startswith("best")]
+        labels = [f"{s['method']} ({s['verifier']})" if s["verifier"] != "-" else s["method"] for s in rows]
+        ax.barh(labels, [s["speedup"] for s in rows],
+                color=["tab:gray" if s["verifier"] == "-" else "tab:blue" if s["verifier"] == "token" else "tab:orange"
+                       for s in rows])
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set(xlabel="speedup over the target alone (median over prompts)", title=f"T = {temperature:g}")
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=100)

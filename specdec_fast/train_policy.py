@@ -1,0 +1,201 @@
+"""``specdec-fast train-policy``: traces of the default pair, the acceptance predictor, and
+the seed's value / policy networks by fitted value iteration.
+
+1. Traces: fast_generate on the training prompts (never the held-out ones) with a policy
+   that always drafts ``max_draft`` tokens, at each temperature; for every drafted token its
+   MDPState features and the soft labels min(1, p/q) and min(R, p/q) / R, p the target's
+   warped probability of the token (the exact acceptance probability, lower variance than
+   the accept/reject outcome).
+2. The AcceptancePredictor, fitted to the soft labels (binary cross-entropy), calibrated on
+   the last 20% of prompts (predicted vs observed acceptance by decile).
+3. ValueNetwork: the value of CONTINUING from a state, y_i = S_i a_{i+1} - lambda dt_i +
+   max(0, V(state_{i+1})), S_i the product of the labels so far, iterated (fitted value
+   iteration) with lambda the throughput its own stopping rule reaches on the traces;
+   PolicyNetwork: CONTINUE iff y_i > 0, by classification.
+4. Measured costs (a draft step, target passes over 1..max_draft+1 tokens) as the priors of
+   the CostModel. Everything is written to one safetensors file.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .bench.e2e import step_costs
+from .drafts import default_draft
+from .generate import fast_generate
+from .learned_policy import (RATIO_CAP, AcceptancePredictor, PolicyNetwork, ValueNetwork, save_policy)
+from .policy import FEATURES, MDPState, SpeculativePolicy
+from .prompts import chat_prompt_ids, training_prompts
+from .sampling import warp_logits
+from .smollm2 import load_smollm2
+
+
+class TraceRecorder(SpeculativePolicy):
+    """Always drafts ``max_draft`` tokens; records each drafted token's features, and (through
+    ``on_round``) its soft labels from the target's distribution."""
+
+    def __init__(self, max_draft: int, temperature: float):
+        super().__init__(max_draft)
+        self.temperature = temperature
+        self.features, self.accept, self.ratio, self.round = [], [], [], []
+        self.rounds, self.round_states = 0, []
+
+    def decide(self, state: MDPState) -> bool:
+        self.round_states.append(state)
+        return True
+
+    def on_round(self, target_logits, draft_probs, draft_tokens, out) -> None:
+        k = len(draft_tokens)
+        if k:
+            n = torch.Size([k])
+            p = warp_logits(target_logits[:k], torch.full(n, self.temperature), torch.zeros(n, dtype=torch.int64),
+                            torch.ones(n))
+            p_x = p.gather(-1, draft_tokens[:, None]).squeeze(-1).double()
+            q_x = draft_probs.gather(-1, draft_tokens[:, None]).squeeze(-1).double().clamp_min(1e-30)
+            # The last drafted token is never followed by a decision, so its state was not recorded: rebuild it.
+            states = self.round_states[:k] + [None] * (k - len(self.round_states))
+            for i, state in enumerate(states[:k]):
+                if state is None:
+                    continue
+                self.features.append(state.features())
+                self.accept.append(float(min(1.0, p_x[i] / q_x[i])))
+                self.ratio.append(float(min(RATIO_CAP, p_x[i] / q_x[i]) / RATIO_CAP))
+                self.round.append(self.rounds)
+        self.rounds += 1
+        self.round_states = []
+
+
+def collect_traces(target, draft, tokenizer, prompts: list[str], temperatures: list[float], max_new_tokens: int,
+                   max_draft: int) -> dict:
+    """Features [N, F], soft labels accept/ratio [N], and for each row its round and prompt ids."""
+    rows = dict(features=[], accept=[], ratio=[], round=[], prompt=[])
+    rounds = 0
+    for i, prompt in enumerate(tqdm(prompts, desc="traces")):
+        ids = chat_prompt_ids(tokenizer, prompt, chat=True)
+        for temperature in temperatures:
+            recorder = TraceRecorder(max_draft, temperature)
+            fast_generate(target, draft, ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=i,
+                          policy=recorder, eos_token_id=(), on_round=recorder.on_round)
+            rows["features"] += recorder.features
+            rows["accept"] += recorder.accept
+            rows["ratio"] += recorder.ratio
+            rows["round"] += [rounds + r for r in recorder.round]
+            rows["prompt"] += [i] * len(recorder.accept)
+            rounds += recorder.rounds
+    return dict(features=torch.stack(rows["features"]), accept=torch.tensor(rows["accept"]),
+                ratio=torch.tensor(rows["ratio"]), round=torch.tensor(rows["round"]), prompt=torch.tensor(rows["prompt"]))
+
+
+def _standardise(net, features: torch.Tensor) -> None:
+    net.mean.copy_(features.mean(0))
+    net.std.copy_(features.std(0).clamp_min(1e-3))
+
+
+def _fit(net, features: torch.Tensor, loss_fn, steps: int = 1500, lr: float = 3e-3) -> None:
+    optimiser = torch.optim.Adam(net.parameters(), lr=lr)
+    for _ in range(steps):
+        optimiser.zero_grad()
+        loss = loss_fn(net(features) if not isinstance(net, AcceptancePredictor) else net.logits(features))
+        loss.backward()
+        optimiser.step()
+
+
+def fit_predictor(traces: dict, train: torch.Tensor, hidden: int) -> AcceptancePredictor:
+    predictor = AcceptancePredictor(hidden)
+    x = traces["features"][train]
+    _standardise(predictor, x)
+    labels = torch.stack([traces["accept"], traces["ratio"]], 1)[train]
+    _fit(predictor, x, lambda logits: torch.nn.functional.binary_cross_entropy_with_logits(logits, labels))
+    return predictor.eval()
+
+
+def calibration(predictor: AcceptancePredictor, traces: dict, rows: torch.Tensor) -> list[dict]:
+    """Predicted vs observed (soft-label) acceptance by decile of the prediction, on ``rows``."""
+    with torch.no_grad():
+        predicted = predictor(traces["features"][rows])[:, 0]
+    observed = traces["accept"][rows]
+    order = predicted.argsort()
+    return [dict(decile=d + 1, predicted=float(predicted[chunk].mean()), observed=float(observed[chunk].mean()),
+                 n=len(chunk)) for d, chunk in enumerate(order.tensor_split(10))]
+
+
+def _next_in_round(traces: dict) -> torch.Tensor:
+    """Index of the next drafted token of the same round, -1 for a round's last one."""
+    same = traces["round"][1:] == traces["round"][:-1]
+    return torch.cat([torch.where(same, torch.arange(1, len(same) + 1), -1), torch.tensor([-1])])
+
+
+def fit_value_networks(traces: dict, train: torch.Tensor, costs: dict, hidden: int, iterations: int = 4):
+    """Fitted value iteration for the value of CONTINUING; the policy network imitates its decisions."""
+    nxt = _next_in_round(traces)
+    survival = torch.ones(len(nxt))  # S_i: the product of the labels up to i in its round
+    for i in range(len(nxt)):
+        prev = i - 1
+        survival[i] = traces["accept"][i] * (survival[prev] if prev >= 0 and nxt[prev] == i else 1.0)
+    position = traces["features"][:, FEATURES.index("position")].long()
+    step = costs["draft_step_s"] + torch.tensor([costs["target_pass_s"][int(p) + 2] - costs["target_pass_s"][int(p) + 1]
+                                                 for p in position])
+    usable = train & (nxt >= 0)
+    value = ValueNetwork(hidden)
+    _standardise(value, traces["features"][usable])
+    throughput = 1.0 / costs["target_pass_s"][1]
+    for _ in range(iterations):
+        with torch.no_grad():
+            continuation = value(traces["features"]).clamp_min(0.0)
+        gain = survival * traces["accept"][nxt.clamp_min(0)] - throughput * step + continuation[nxt.clamp_min(0)]
+        target = gain[usable]
+        _fit(value, traces["features"][usable], lambda v: torch.nn.functional.mse_loss(v, target), steps=600)
+        throughput = trace_throughput(traces, train, value, costs)
+    policy = PolicyNetwork(hidden)
+    _standardise(policy, traces["features"][usable])
+    decisions = (gain[usable] > 0).float()
+    _fit(policy, traces["features"][usable],
+         lambda logit: torch.nn.functional.binary_cross_entropy_with_logits(logit, decisions), steps=600)
+    return value.eval(), policy.eval(), throughput
+
+
+def trace_throughput(traces: dict, rows: torch.Tensor, network, costs: dict) -> float:
+    """Tokens per second the rule 'CONTINUE iff network(features) > 0' would reach on these rounds
+    (expected tokens 1 + sum of survivals up to the stop, time c d + T(d + 1))."""
+    with torch.no_grad():
+        go = network(traces["features"]) > 0
+    tokens = seconds = 0.0
+    for r in traces["round"][rows].unique().tolist():
+        idx = (traces["round"] == r).nonzero().flatten()
+        drafted, survival, expected = 0, 1.0, 1.0
+        for i in idx.tolist():
+            drafted += 1
+            survival *= float(traces["accept"][i])
+            expected += survival
+            if not go[i]:
+                break
+        tokens += expected
+        seconds += drafted * costs["draft_step_s"] + costs["target_pass_s"][drafted + 1]
+    return tokens / seconds
+
+
+def run(out: Path, prompts: int, temperatures: list[float], max_new_tokens: int, max_draft: int, hidden: int = 32) -> dict:
+    target, tokenizer = load_smollm2()
+    draft = default_draft(target)
+    chosen = training_prompts()[:: max(1, len(training_prompts()) // prompts)][:prompts]
+    start = time.perf_counter()
+    traces = collect_traces(target, draft, tokenizer, chosen, temperatures, max_new_tokens, max_draft)
+    measured = step_costs(target, draft, chat_prompt_ids(tokenizer, chosen[0], chat=True), max_draft + 1)
+    costs = dict(draft_step_s=measured["draft_step_s"],
+                 target_pass_s={1: measured["target_step_s"]} | {k + 1: v * measured["target_step_s"]
+                                                                   for k, v in measured["v"].items()})
+    train = traces["prompt"] < int(0.8 * len(chosen))
+    predictor = fit_predictor(traces, train, hidden)
+    value, policy, throughput = fit_value_networks(traces, train, costs, hidden)
+    metadata = dict(hidden=hidden, features=list(FEATURES), draft_step_s=costs["draft_step_s"],
+                    target_pass_s={str(n): s for n, s in costs["target_pass_s"].items()}, ratio_cap=RATIO_CAP,
+                    max_draft=max_draft, temperatures=temperatures, prompts=len(chosen), rows=len(traces["accept"]),
+                    calibration=calibration(predictor, traces, ~train), value_throughput=throughput,
+                    minutes=(time.perf_counter() - start) / 60)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_policy(out, predictor, value, policy, metadata)
+    return metadata

@@ -1,0 +1,155 @@
+"""Draft-length policies: none may bias the output (exact joint, chi-square), and each does
+what it says; the shipped learned policy loads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec_fast
+from specdec_fast import HFCachedLM, fast_generate, generate_autoregressive
+from specdec_fast.learned_policy import (AcceptancePredictor, CostAwarePolicy, CostModel, NetworkPolicy, ValueNetwork,
+                                         default_policy, load_policy, save_policy)
+from specdec_fast.policy import (FEATURES, ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule,
+                                 MDPState, SpeculativePolicy)
+
+from conftest import tiny_llama
+from distribution import chi_square, counts
+from test_generate import NO_EOS, PROMPT, exact_joint
+
+RUNS = 2000
+
+
+class StopOnEvenToken(SpeculativePolicy):
+    """Adversarial but legal: stops after drafting an even token (a decision on the drafted token's value)."""
+
+    def continue_drafting(self, position, step):
+        return int(step.tokens[0]) % 2 == 1
+
+
+def cheap_cost_aware(verifier: str) -> CostAwarePolicy:
+    torch.manual_seed(0)
+    return CostAwarePolicy(AcceptancePredictor(), CostModel(1e-4, {1: 1e-3, 2: 1.1e-3, 6: 1.5e-3}), verifier=verifier,
+                           max_draft_tokens=4)
+
+
+def value_policy(verifier: str) -> NetworkPolicy:
+    torch.manual_seed(1)
+    return NetworkPolicy(ValueNetwork(), max_draft_tokens=4)
+
+
+POLICIES = {
+    "heuristic": lambda v: HeuristicSchedule(start=1, max_draft_tokens=5),
+    "confidence": lambda v: ConfidenceThreshold(0.5, max_draft_tokens=4),
+    "entropy": lambda v: EntropyStop(0.5, max_draft_tokens=4),
+    "cost-aware": cheap_cost_aware,
+    "value network": value_policy,
+    "stop on even token": lambda v: StopOnEvenToken(4),
+}
+CASES = [(name, "token") for name in POLICIES] + [("cost-aware", "block"), ("stop on even token", "block")]
+
+
+@pytest.mark.parametrize("name,verifier", CASES)
+def test_policy_keeps_the_exact_joint(tiny_pair, name, verifier):
+    """The joint of the first 3 tokens over 2,000 seeds equals the target's exact joint (512 cells)."""
+    target, draft = tiny_pair
+    vocab = target.config.vocab_size
+    t, d = HFCachedLM(target), HFCachedLM(draft)
+    lengths, seqs = [], []
+    for seed in range(RUNS):
+        out = fast_generate(t, d, PROMPT, max_new_tokens=3, temperature=1.0, policy=POLICIES[name](verifier),
+                            verifier=verifier, seed=seed, eos_token_id=NO_EOS)
+        seqs.append(out.tokens)
+        lengths.append(out.stats.drafted / out.stats.rounds)
+    seqs = torch.tensor(seqs)
+    cells = (seqs[:, 0] * vocab + seqs[:, 1]) * vocab + seqs[:, 2]
+    stat, threshold, df = chi_square(counts(cells, vocab**3), exact_joint(target, PROMPT, 3, 1.0, 0, 1.0))
+    assert stat < threshold, f"chi2 {stat:.1f} > {threshold:.1f} (df {df})"
+    assert len(set(lengths)) > 1, "the policy never varied the draft length: the test would not exercise it"
+
+
+@pytest.mark.parametrize("verifier", ["token", "block"])
+def test_greedy_with_a_policy_equals_target_greedy(verifier):
+    target, draft = tiny_llama(10, vocab=16), tiny_llama(11, vocab=16, layers=1)
+    baseline = generate_autoregressive(target, [1, 2, 3], max_new_tokens=30, temperature=0.0, eos_token_id=NO_EOS)
+    for policy in (EntropyStop(0.5), HeuristicSchedule(start=2), cheap_cost_aware(verifier)):
+        out = fast_generate(target, draft, [1, 2, 3], max_new_tokens=30, temperature=0.0, policy=policy,
+                            verifier=verifier, eos_token_id=NO_EOS)
+        assert out.tokens == baseline.tokens
+
+
+def state(**changes) -> MDPState:
+    values = dict(position=1, entropy=1.0, top1=0.5, token_prob=0.5, survival=1.0, recent_acceptance=0.5, remaining=10)
+    return MDPState(**(values | changes))
+
+
+def test_mdp_state_features_follow_the_feature_names():
+    s = state(position=3, entropy=0.25, top1=0.9, token_prob=0.8, survival=0.7, recent_acceptance=0.6, remaining=0)
+    assert len(FEATURES) == 7
+    assert s.features().tolist() == pytest.approx([3, 0.25, 0.9, 0.8, 0.7, 0.6, 0.0])
+
+
+def test_heuristic_schedule_grows_after_full_acceptance_and_shrinks_otherwise():
+    p = HeuristicSchedule(start=5, max_draft_tokens=8)
+    assert p.begin_round(100) == 5
+    p.observe(5, 5, 0.0, 0.0)
+    assert p.begin_round(100) == 7
+    p.observe(7, 2, 0.0, 0.0)
+    assert p.begin_round(100) == 6
+    p.observe(6, 6, 0.0, 0.0)
+    assert p.begin_round(100) == 8  # capped
+    assert p.begin_round(3) == 3  # the budget
+    for _ in range(20):
+        p.observe(3, 0, 0.0, 0.0)
+    assert p.begin_round(100) == 1
+
+
+def test_threshold_rules():
+    assert ConfidenceThreshold(0.4).decide(state(token_prob=0.5)) and not ConfidenceThreshold(0.4).decide(state(token_prob=0.3))
+    assert EntropyStop(0.4, gamma=0.6).decide(state(entropy=0.1))  # 1 - sqrt(0.06) = 0.76
+    assert not EntropyStop(0.4, gamma=0.6).decide(state(entropy=2.0))  # 1 - sqrt(1.2) < 0
+
+
+def test_fixed_length_validates():
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        FixedDraftLength(-1)
+    assert FixedDraftLength(3).begin_round(2) == 2
+
+
+def test_cost_model_interpolates_and_learns():
+    costs = CostModel(0.01, {1: 0.10, 3: 0.14}, smoothing=0.5)
+    assert costs.target(2) == pytest.approx(0.12) and costs.target(5) == pytest.approx(0.14)
+    costs.update(drafted=2, draft_s=0.04, target_s=0.2)  # observed: 0.02 s per draft step, T(3) = 0.2 s
+    assert costs.draft_step_s == pytest.approx(0.015) and costs.target(3) == pytest.approx(0.17)
+
+
+def test_cost_aware_policy_drafts_only_when_it_pays():
+    predictor = AcceptancePredictor()
+    with torch.no_grad():  # predicts acceptance sigmoid(5) ~ 0.99 for every state
+        predictor.net[-1].weight.zero_()
+        predictor.net[-1].bias.fill_(5.0)
+    cheap = CostAwarePolicy(predictor, CostModel(0.001, {1: 0.1, 2: 0.101, 9: 0.108}))
+    assert cheap.begin_round(50) == 8 and cheap.decide(state())
+    dear = CostAwarePolicy(predictor, CostModel(0.5, {1: 0.1, 2: 0.2}), probe_every=3)
+    assert [dear.begin_round(50) for _ in range(4)] == [0, 0, 0, 8]  # the fourth round probes
+
+
+def test_save_and_load_round_trip(tmp_path):
+    nets = AcceptancePredictor(8), ValueNetwork(8), ValueNetwork(8)
+    path = tmp_path / "policy.safetensors"
+    save_policy(path, *nets, dict(hidden=8, draft_step_s=0.01, target_pass_s={"1": 0.1, "2": 0.12}))
+    predictor, value, _, metadata = load_policy(path)
+    x = torch.randn(5, len(FEATURES))
+    assert torch.equal(predictor(x), nets[0](x)) and torch.equal(value(x), nets[1](x))
+    assert default_policy(path=path).costs.target(2) == pytest.approx(0.12)
+
+
+def test_shipped_policy_loads_with_its_calibration():
+    predictor, value, policy, metadata = load_policy()
+    assert metadata["rows"] > 1000 and len(metadata["calibration"]) == 10
+    assert metadata["draft_step_s"] > 0 and metadata["target_pass_s"]["1"] > 0
+    assert isinstance(default_policy("block"), CostAwarePolicy)
+
+
+def test_the_oracle_is_not_a_user_policy():
+    assert not any("oracle" in name.lower() for name in dir(specdec_fast))
