@@ -27,44 +27,45 @@ RATIO_CAP = 4.0  # the ratio head predicts E[min(RATIO_CAP, p/q)] / RATIO_CAP
 DEFAULT_ARTIFACT = Path(__file__).parent / "data" / "policy.safetensors"
 
 
-def _mlp(outputs: int, hidden: int) -> nn.Sequential:
-    return nn.Sequential(nn.Linear(len(FEATURES), hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                         nn.Linear(hidden, outputs))
+class FeatureMLP(nn.Module):
+    """Two hidden ReLU layers on standardised MDPState features (statistics stored with the weights)."""
 
-
-class AcceptancePredictor(nn.Module):
-    """MLP on MDPState features -> [N, 2] in (0, 1): P(accept) = E[min(1, p/q)] of the token just
-    drafted, and E[min(RATIO_CAP, p/q)] / RATIO_CAP. Features are standardised by stored statistics."""
-
-    def __init__(self, hidden: int = 32):
+    def __init__(self, outputs: int, hidden: int = 32):
         super().__init__()
         self.register_buffer("mean", torch.zeros(len(FEATURES)))
         self.register_buffer("std", torch.ones(len(FEATURES)))
-        self.net = _mlp(2, hidden)
+        self.net = nn.Sequential(nn.Linear(len(FEATURES), hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, outputs))
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
+        """[N, F] -> [N, outputs]."""
         return self.net((features - self.mean) / self.std)
+
+
+class AcceptancePredictor(FeatureMLP):
+    """[N, F] features -> [N, 2] in (0, 1): P(accept) = E[min(1, p/q)] of the token just drafted,
+    and E[min(RATIO_CAP, p/q)] / RATIO_CAP."""
+
+    def __init__(self, hidden: int = 32):
+        super().__init__(2, hidden)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.logits(features))
 
 
-class ValueNetwork(nn.Module):
-    """The seed's value network, made to fit: features -> the value of CONTINUING from a state, in
-    tokens minus lambda times seconds (fitted value iteration on traces, specdec_fast.train_policy)."""
+class ValueNetwork(FeatureMLP):
+    """The seed's value network, made to fit: [N, F] features -> [N] value of CONTINUING from a state,
+    in tokens minus lambda times seconds (fitted value iteration on traces, specdec_fast.train_policy)."""
 
     def __init__(self, hidden: int = 32):
-        super().__init__()
-        self.register_buffer("mean", torch.zeros(len(FEATURES)))
-        self.register_buffer("std", torch.ones(len(FEATURES)))
-        self.net = _mlp(1, hidden)
+        super().__init__(1, hidden)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.net((features - self.mean) / self.std).squeeze(-1)
+        return self.logits(features).squeeze(-1)
 
 
 class PolicyNetwork(ValueNetwork):
-    """The seed's policy network: features -> the logit of CONTINUE, distilled from the value network's decisions."""
+    """The seed's policy network: [N, F] features -> [N] logit of CONTINUE, distilled from the value network's decisions."""
 
 
 class CostModel:

@@ -96,11 +96,11 @@ def _standardise(net, features: torch.Tensor) -> None:
 
 
 def _fit(net, features: torch.Tensor, loss_fn, steps: int = 1500, lr: float = 3e-3) -> None:
+    """Full-batch Adam on loss_fn(net.logits(features))."""
     optimiser = torch.optim.Adam(net.parameters(), lr=lr)
     for _ in range(steps):
         optimiser.zero_grad()
-        loss = loss_fn(net(features) if not isinstance(net, AcceptancePredictor) else net.logits(features))
-        loss.backward()
+        loss_fn(net.logits(features)).backward()
         optimiser.step()
 
 
@@ -148,13 +148,13 @@ def fit_value_networks(traces: dict, train: torch.Tensor, costs: dict, hidden: i
             continuation = value(traces["features"]).clamp_min(0.0)
         gain = survival * traces["accept"][nxt.clamp_min(0)] - throughput * step + continuation[nxt.clamp_min(0)]
         target = gain[usable]
-        _fit(value, traces["features"][usable], lambda v: torch.nn.functional.mse_loss(v, target), steps=600)
+        _fit(value, traces["features"][usable], lambda v: torch.nn.functional.mse_loss(v[:, 0], target), steps=600)
         throughput = trace_throughput(traces, train, value, costs)
     policy = PolicyNetwork(hidden)
     _standardise(policy, traces["features"][usable])
     decisions = (gain[usable] > 0).float()
     _fit(policy, traces["features"][usable],
-         lambda logit: torch.nn.functional.binary_cross_entropy_with_logits(logit, decisions), steps=600)
+         lambda logit: torch.nn.functional.binary_cross_entropy_with_logits(logit[:, 0], decisions), steps=600)
     return value.eval(), policy.eval(), throughput
 
 

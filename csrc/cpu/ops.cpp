@@ -76,22 +76,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_rows(const specdec::Verify
   return {accepted, tokens, accepted + 1};
 }
 
+template <bool kBlock>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
     const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
     const at::Tensor& uniforms) {
   return verify_rows(
       specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
-      false);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_block_cpu(
-    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
-    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& uniforms) {
-  return verify_rows(
-      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
-      true);
+      kBlock);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step_cpu(
@@ -130,8 +122,8 @@ at::Tensor philox_uniforms_cpu(const at::Tensor& seed,    // [B] int64
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
-  m.impl("verify", &verify_cpu);
-  m.impl("verify_block", &verify_block_cpu);
+  m.impl("verify", &verify_cpu<false>);
+  m.impl("verify_block", &verify_cpu<true>);
   m.impl("draft_step", &draft_step_cpu);
   m.impl("philox_uniforms", &philox_uniforms_cpu);
 }

@@ -38,6 +38,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_rows(const specdec::Verify
   return {accepted, tokens, accepted + 1};
 }
 
+template <bool kBlock>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
     const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
     const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
@@ -45,17 +46,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
   const c10::cuda::CUDAGuard guard(target_logits.device());
   return verify_rows(
       specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
-      false);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_block_cuda(
-    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
-    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& uniforms) {
-  const c10::cuda::CUDAGuard guard(target_logits.device());
-  return verify_rows(
-      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
-      true);
+      kBlock);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step_cuda(
@@ -89,8 +80,8 @@ at::Tensor philox_uniforms_cuda(const at::Tensor& seed,    // [B] int64
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec_fast, CUDA, m) {
-  m.impl("verify", &verify_cuda);
-  m.impl("verify_block", &verify_block_cuda);
+  m.impl("verify", &verify_cuda<false>);
+  m.impl("verify_block", &verify_cuda<true>);
   m.impl("draft_step", &draft_step_cuda);
   m.impl("philox_uniforms", &philox_uniforms_cuda);
 }

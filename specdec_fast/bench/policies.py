@@ -11,6 +11,10 @@ the target: from a run that drafts the longest fixed length token-wise, each rou
 accepted tokens would have drafted min(a + 1, K) tokens and emitted the same a + 1, in
 min(a + 1, K) draft steps plus one target pass over min(a + 1, K) + 1 tokens (measured
 costs). The best fixed length is chosen in hindsight on the same prompts.
+
+Block vs token-wise on the same drafts: in that run, every round's drafts and target
+logits are verified again by both rules with 64 fresh uniform draws each, so the two
+expected accepted lengths are compared on identical drafts (paired, low variance).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from tqdm import tqdm
 
 from ..drafts import default_draft
 from ..generate import fast_generate, generate_autoregressive
+from ..ops import verify
 from ..learned_policy import NetworkPolicy, default_policy, load_policy
 from ..policy import ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule
 from ..prompts import chat_prompt_ids, heldout_prompts
@@ -44,6 +49,14 @@ def policy_factories(lengths: list[int]) -> dict:
     }
 
 
+def paired_accepted(target_logits, draft_probs, draft_tokens, temperature: float, draws: int = 64) -> dict:
+    """Expected accepted tokens of one round's drafts under each verifier, over `draws` uniform draws."""
+    batch = lambda t: t[None].expand(draws, *t.shape)  # noqa: E731
+    args = (batch(target_logits), batch(draft_probs), batch(draft_tokens))
+    return {rule: float(verify(*args, temperature=temperature, verifier=rule, seed=torch.arange(draws), offset=0)
+                        .num_accepted.double().mean()) for rule in ("token", "block")}
+
+
 def oracle(rounds: list[tuple[int, int]], new_tokens: int, costs: dict, k: int) -> dict:
     """tokens/s, target calls per token and accepted length of drafting until the first rejection."""
     seconds = sum(min(a + 1, d) * costs["draft_step_s"] + costs["target_step_s"] * (costs["v"].get(min(a + 1, d), 1.0)
@@ -58,7 +71,7 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
     prompts = heldout_prompts()[:: -(-len(heldout_prompts()) // num_prompts)]
     costs = step_costs(target, draft, chat_prompt_ids(tokenizer, prompts[0]["prompt"], chat=True), max(lengths) + 1)
     factories = policy_factories(lengths)
-    runs = []
+    runs, same_drafts = [], []
     for i, p in enumerate(tqdm(prompts, desc="policies")):
         ids = chat_prompt_ids(tokenizer, p["prompt"], chat=True)
         for temperature in temperatures:
@@ -69,19 +82,31 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
                              accepted_length=1.0))
             for verifier in ("token", "block"):
                 for name, make in factories.items():
-                    rounds = []
-                    record = lambda logits, q, x, out: rounds.append((len(x), int(out.num_accepted)))  # noqa: E731
+                    traced = verifier == "token" and name == f"fixed k={max(lengths)}"
+                    rounds, paired = [], []
+
+                    def record(logits, q, x, out):
+                        rounds.append((len(x), int(out.num_accepted)))
+                        if traced and len(x):
+                            paired.append(paired_accepted(logits, q, x, temperature))
+
                     s = fast_generate(target, draft, ids, policy=make(verifier), verifier=verifier, on_round=record,
                                       **common).stats
                     runs.append(dict(row, method=name, verifier=verifier, tps=s.tokens_per_second,
                                      calls_per_token=s.rounds / s.new_tokens, accepted_length=s.mean_accepted_length))
-                    if verifier == "token" and name == f"fixed k={max(lengths)}":
+                    if traced:
                         runs.append(dict(row, method="oracle", verifier="token",
                                          **oracle(rounds, s.new_tokens, costs, max(lengths))))
+                        same = {rule: 1 + statistics.mean(p[rule] for p in paired) for rule in ("token", "block")}
+                        same_drafts.append(dict(row, k=max(lengths), token=same["token"], block=same["block"]))
     summary = summarize(runs, temperatures, lengths)
+    paired = [dict(temperature=t, token=statistics.median(r["token"] for r in same_drafts if r["temperature"] == t),
+                   block=statistics.median(r["block"] for r in same_drafts if r["temperature"] == t),
+                   gain=statistics.median(r["block"] / r["token"] for r in same_drafts if r["temperature"] == t))
+              for t in temperatures]
     data = dict(machine=machine(), costs=costs, settings=dict(prompts=len(prompts), max_new_tokens=max_new_tokens,
                                                               temperatures=temperatures, lengths=lengths),
-                summary=summary, runs=runs)
+                summary=summary, same_drafts=paired, runs=runs, same_drafts_runs=same_drafts)
     write_results(out_name, data, table(data))
     plot(summary, out_name)
     return data
@@ -114,8 +139,12 @@ def table(data: dict) -> str:
     rows = [[f"{s['temperature']:g}", s["verifier"], s["method"], s["tps"], s["speedup"], s["calls_per_token"],
              s["accepted_length"]] for s in data["summary"]]
     c = data["costs"]
+    k = data["settings"]["lengths"][-1]
+    same = markdown_table(["T", f"token-wise tokens/round (k={k})", "block tokens/round", "block / token (median over prompts)"],
+                          [[f"{p['temperature']:g}", p["token"], p["block"], p["gain"]] for p in data["same_drafts"]])
     return (markdown_table(head, rows) + f"\n\nCosts: target pass {c['target_step_s'] * 1e3:.1f} ms, draft pass "
-            f"{c['draft_step_s'] * 1e3:.1f} ms; v(k) = " + ", ".join(f"{x:.2f}" for x in c["v"].values()) + ".")
+            f"{c['draft_step_s'] * 1e3:.1f} ms; v(k) = " + ", ".join(f"{x:.2f}" for x in c["v"].values()) + "."
+            + "\n\nBlock vs token-wise verification on the same drafts (expected tokens per round):\n\n" + same)
 
 
 def plot(summary: list[dict], name: str) -> None:

@@ -75,8 +75,13 @@ def verify_reference(
     residual = torch.where(residual.sum(-1, keepdim=True) > RESIDUAL_EPS, residual, p_j)
     y = sample_inverse_cdf(residual, uniforms[:, k])
 
-    tokens = torch.full((batch, k_plus_1), -1, dtype=torch.int64, device=rows.device)
-    keep = torch.arange(k, device=rows.device)[None, :] < j[:, None]
-    tokens[:, :k] = torch.where(keep, draft_tokens, -1)
-    tokens[rows, j] = y
-    return VerifyOutput(num_accepted, tokens, j + 1)
+    return VerifyOutput(num_accepted, emitted_tokens(draft_tokens, num_accepted, y), num_accepted + 1)
+
+
+def emitted_tokens(draft_tokens: Tensor, num_accepted: Tensor, y: Tensor) -> Tensor:
+    """[B, K+1]: the first num_accepted drafts of each row, then y, then -1."""
+    batch, k = draft_tokens.shape
+    positions = torch.arange(k + 1, device=draft_tokens.device)[None, :]
+    drafts = torch.cat([draft_tokens, torch.full((batch, 1), -1, device=draft_tokens.device)], 1)
+    tokens = torch.where(positions < num_accepted[:, None], drafts, -1)
+    return torch.where(positions == num_accepted[:, None], y[:, None], tokens)

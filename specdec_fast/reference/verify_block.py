@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..sampling import sample_inverse_cdf, warp_logits
-from .verify import RESIDUAL_EPS, VerifyOutput
+from .verify import RESIDUAL_EPS, VerifyOutput, emitted_tokens
 
 
 def verify_block_reference(
@@ -68,8 +68,4 @@ def verify_block_reference(
     residual = torch.where(stop[:, None] & (residual.sum(-1, keepdim=True) > RESIDUAL_EPS), residual, p[rows, tau].double())
     y = sample_inverse_cdf(residual, uniforms[:, k])
 
-    tokens = torch.full((batch, k_plus_1), -1, dtype=torch.int64, device=rows.device)
-    keep = torch.arange(k, device=rows.device)[None, :] < tau[:, None]
-    tokens[:, :k] = torch.where(keep, draft_tokens, -1)
-    tokens[rows, tau] = y
-    return VerifyOutput(tau, tokens, tau + 1)
+    return VerifyOutput(tau, emitted_tokens(draft_tokens, tau, y), tau + 1)
