@@ -70,6 +70,7 @@ setup(
         "ninja>=1.11",
         "pybind11>=2.12",
         "matplotlib>=3.7",
+        "prometheus-client>=0.17",
     ],
     extras_require={"test": ["pytest>=8", "hypothesis>=6.100", "scipy>=1.10"]},
     entry_points={"console_scripts": ["specdec-fast=specdec_fast.cli:main"]},

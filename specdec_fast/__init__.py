@@ -1,10 +1,12 @@
 """specdec_fast: lossless speculative decoding for PyTorch causal LMs."""
 
 from .backends import backends
+from .bench.efficiency import EfficiencyBenchmark
 from .cached_lm import CachedLM, HFCachedLM, as_cached_lm
 from .decoder import SpeculativeDecoder
-from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive
+from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive, warmup
 from .ops import DraftStepOutput, VerifyOutput, draft_step, philox_uniforms, verify
+from .monitoring import AdaptiveMonitoringSystem
 from .learned_policy import AcceptancePredictor, CostAwarePolicy, PolicyNetwork, ValueNetwork, default_policy
 from .policy import (ConfidenceThreshold, DraftPolicy, EntropyStop, FixedDraftLength, HeuristicSchedule, MDPState,
                      SpeculativePolicy)
@@ -14,8 +16,10 @@ from .smollm2 import load_smollm2
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveMonitoringSystem",
     "AcceptancePredictor",
     "ConfidenceThreshold",
+    "EfficiencyBenchmark",
     "CostAwarePolicy",
     "EntropyStop",
     "HeuristicSchedule",
@@ -42,5 +46,6 @@ __all__ = [
     "load_smollm2",
     "philox_uniforms",
     "verify",
+    "warmup",
     "warp_logits",
 ]

@@ -43,6 +43,9 @@ for _name, _schema in SCHEMAS.items():
         _LIBRARY.define(_prefix + _name + _schema)
 
 
+_LIBRARY.define("skinny_linear(Tensor x, Tensor weight) -> Tensor")  # CPU only (specdec_fast/linear.py)
+
+
 def _fake_verify(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms):
     batch, k_plus_1 = target_logits.shape[:2]
     longs = dict(dtype=torch.int64, device=target_logits.device)
@@ -60,6 +63,8 @@ def _fake_philox_uniforms(seed, offset, n):
     return torch.empty(seed.shape[0], n, dtype=torch.float32, device=seed.device)
 
 
+torch.library.register_fake("specdec_fast::skinny_linear", lambda x, weight: x.new_empty(x.shape[0], weight.shape[0]),
+                            lib=_LIBRARY)
 for _prefix in ("", "triton_"):
     torch.library.register_fake(f"specdec_fast::{_prefix}verify", _fake_verify, lib=_LIBRARY)
     torch.library.register_fake(f"specdec_fast::{_prefix}verify_block", _fake_verify, lib=_LIBRARY)

@@ -13,11 +13,16 @@ from .prompts import chat_prompt_ids
 
 
 def _load_pair(args):
+    """The target, draft and tokenizer the flags ask for (default: the SmolLM2 pair), with skinny
+    linear layers on the CPU (specdec_fast/linear.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .drafts import default_draft, early_exit_draft, load_small_draft
-    from .smollm2 import load_smollm2
+    from .drafts import early_exit_draft, load_small_draft
+    from .linear import use_skinny_linear
+    from .smollm2 import load_default_pair, load_smollm2
 
+    if not (args.target or args.draft or args.draft_layers):
+        return load_default_pair()
     if args.target:
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -27,11 +32,9 @@ def _load_pair(args):
         draft = load_small_draft(target, args.draft)
     elif args.draft:
         draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
-    elif args.draft_layers:
-        draft = early_exit_draft(target, args.draft_layers)
     else:
-        draft = default_draft(target)
-    return target, draft, tokenizer
+        draft = early_exit_draft(target, args.draft_layers)
+    return use_skinny_linear(target), use_skinny_linear(draft), tokenizer
 
 
 def _policy(args):
@@ -47,9 +50,10 @@ def _policy(args):
 def _generate(args) -> int:
     from transformers import TextStreamer
 
-    from .generate import fast_generate, generate_autoregressive
+    from .generate import fast_generate, generate_autoregressive, warmup
 
     target, draft, tokenizer = _load_pair(args)
+    warmup(target, draft)  # the kernels and first-call costs, out of the measured times
     ids = chat_prompt_ids(tokenizer, args.prompt, chat=not args.no_chat)
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if not args.json else None
@@ -131,6 +135,20 @@ def _policies(args) -> int:
     return 0
 
 
+def _linear_bench(args) -> int:
+    from .bench import linear
+
+    print(linear.table(linear.run(args.repeats)))
+    return 0
+
+
+def _warmup_bench(args) -> int:
+    from .bench import warmup
+
+    print(warmup.table(warmup.run(args.repeats, args.threads or torch.get_num_threads())))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specdec-fast", description="Lossless speculative decoding.")
     common = argparse.ArgumentParser(add_help=False)
@@ -201,6 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     pol.add_argument("--max-new-tokens", type=int, default=64)
     pol.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 3, 4, 6], help="fixed draft lengths compared")
     pol.set_defaults(run=_policies)
+
+    lb = commands.add_parser("linear-bench", parents=[common], help="skinny linear kernel vs F.linear (benchmarks/linear.py)")
+    lb.add_argument("--repeats", type=int, default=21)
+    lb.set_defaults(run=_linear_bench)
+
+    wb = commands.add_parser("warmup-bench", parents=[common], help="cold vs warm first-request times in fresh processes")
+    wb.add_argument("--repeats", type=int, default=3)
+    wb.set_defaults(run=_warmup_bench)
 
     args = parser.parse_args(argv)
     argv = argv if argv is not None else sys.argv[1:]

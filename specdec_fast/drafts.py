@@ -6,6 +6,8 @@ import copy
 
 import torch
 
+from .linear import linear
+
 
 def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
     """A new module object sharing parameters, with its own child table to replace children in."""
@@ -51,7 +53,7 @@ class RestrictedHead(torch.nn.Module):
         self.out_features = out_features
 
     def restricted(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.weight.T
+        return linear(hidden, self.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         small = self.restricted(hidden)

@@ -181,7 +181,8 @@ def verify(
         draft_probs.numel() == 0 or (bool(draft_probs.amin() >= 0) and bool(draft_probs.amax() < float("inf")))
     )
     if not valid_probs:
-        raise ValueError("draft_probs must hold finite non-negative probabilities")
+        nan = draft_probs.is_floating_point() and bool(draft_probs.isnan().any())
+        raise ValueError("draft_probs contains NaN" if nan else "draft_probs must hold finite non-negative probabilities")
     temperature, top_k, top_p = _sampling_tensors(temperature, top_k, top_p, batch, device)
     backend = resolve(backend, device)
     uniforms = _uniforms((batch, k + 1), uniforms, generator, seed, offset, device, backend)

@@ -99,3 +99,14 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
+
+
+def load_default_pair():
+    """The default pair for speed: SmolLM2-135M-Instruct and the shipped distilled draft (fp32, CPU),
+    both with :func:`~specdec_fast.linear.use_skinny_linear`. Returns (target, draft, tokenizer)."""
+    from .drafts import default_draft
+    from .linear import use_skinny_linear
+
+    target, tokenizer = load_smollm2()
+    draft = default_draft(target)
+    return use_skinny_linear(target), use_skinny_linear(draft), tokenizer

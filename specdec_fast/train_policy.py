@@ -25,13 +25,12 @@ import torch
 from tqdm import tqdm
 
 from .bench.e2e import step_costs
-from .drafts import default_draft
 from .generate import fast_generate
 from .learned_policy import (RATIO_CAP, AcceptancePredictor, PolicyNetwork, ValueNetwork, save_policy)
 from .policy import FEATURES, MDPState, SpeculativePolicy
 from .prompts import chat_prompt_ids, training_prompts
 from .sampling import warp_logits
-from .smollm2 import load_smollm2
+from .smollm2 import load_default_pair
 
 
 class TraceRecorder(SpeculativePolicy):
@@ -179,8 +178,7 @@ def trace_throughput(traces: dict, rows: torch.Tensor, network, costs: dict) -> 
 
 
 def run(out: Path, prompts: int, temperatures: list[float], max_new_tokens: int, max_draft: int, hidden: int = 32) -> dict:
-    target, tokenizer = load_smollm2()
-    draft = default_draft(target)
+    target, draft, tokenizer = load_default_pair()
     chosen = training_prompts()[:: max(1, len(training_prompts()) // prompts)][:prompts]
     start = time.perf_counter()
     traces = collect_traces(target, draft, tokenizer, chosen, temperatures, max_new_tokens, max_draft)

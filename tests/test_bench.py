@@ -1,10 +1,17 @@
-"""The benchmark arithmetic: expected tokens per round and the verify bytes model."""
+"""The benchmark engine and arithmetic: EfficiencyBenchmark, expected tokens per round, the verify bytes model."""
+
+import statistics
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from specdec_fast import fast_generate
 from specdec_fast.bench.e2e import expected_tokens
+from specdec_fast.bench.efficiency import EfficiencyBenchmark
 from specdec_fast.bench.microbench import bytes_read, make_inputs
+
+from conftest import tiny_llama
 
 
 def test_expected_tokens_per_round():
@@ -16,3 +23,32 @@ def test_bytes_model_counts_visited_rows():
     args = make_inputs(2, 3, 100, torch.bfloat16)
     accepted = torch.tensor([3, 1])  # row 0: all accepted (4 target rows); row 1: stop at 1 (2 rows + q row)
     assert bytes_read(args, accepted) == 6 * 100 * 2 + 1 * 100 * 4 + (3 + 2) * 4
+
+
+class CharTokenizer:
+    """Token ids = character codes mod 16 (no chat template): enough for prompt sets on tiny models."""
+
+    def __call__(self, text):
+        return SimpleNamespace(input_ids=[ord(c) % 16 for c in text])
+
+
+def test_efficiency_benchmark_runs_side_by_side_and_compares():
+    target, draft = tiny_llama(10, vocab=16), tiny_llama(11, vocab=16, layers=1)
+    prompts = [dict(kind="prose", prompt=p) for p in ("ab", "hello", "xyz!")]
+    bench = EfficiencyBenchmark(target, draft, CharTokenizer(), prompts, max_new_tokens=6, temperatures=(0.0, 1.0))
+    seen = []
+
+    def speculative(ids, settings):
+        seen.append((tuple(ids), settings["temperature"], settings["seed"]))
+        s = fast_generate(target, draft, ids, num_draft_tokens=2, **settings).stats
+        assert s.new_tokens == 6
+        return dict(tps=3.0 * len(ids), acceptance=s.acceptance_rate)
+
+    methods = {"base": lambda ids, settings: dict(tps=float(len(ids)), acceptance=0.0), "spec": speculative}
+    runs = bench.run(methods)
+    assert len(runs) == 3 * 2 * 2 and seen[0] == ((ord("a") % 16, ord("b") % 16), 0.0, 0)
+    summary = EfficiencyBenchmark.compare_with_baseline(runs, "base")
+    assert [(s["temperature"], s["method"]) for s in summary] == [(0.0, "base"), (0.0, "spec"), (1.0, "base"), (1.0, "spec")]
+    spec = summary[1]
+    assert spec["speedup"] == pytest.approx(3.0) and spec["tps"] == pytest.approx(3.0 * 4)  # median of 6, 15, 12
+    assert spec["acceptance"] == statistics.median(r["acceptance"] for r in runs if r["method"] == "spec" and r["temperature"] == 0)

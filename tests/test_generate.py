@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from specdec_fast import HFCachedLM, SpeculativeDecoder, fast_generate, generate_autoregressive, warp_logits
+from specdec_fast import HFCachedLM, SpeculativeDecoder, fast_generate, generate_autoregressive, warmup, warp_logits
 
 from conftest import tiny_llama
 from distribution import chi_square, counts
@@ -197,3 +197,13 @@ def test_vocabulary_mismatch(tiny_pair):
 def test_not_a_model():
     with pytest.raises(TypeError, match="neither a transformers causal LM nor a CachedLM"):
         fast_generate(object(), object(), PROMPT)
+
+
+def test_warmup_leaves_no_state():
+    """After warmup() on the same cached models, a generation is what it would be without it."""
+    target, draft = HFCachedLM(tiny_llama(10, vocab=16)), HFCachedLM(tiny_llama(11, vocab=16, layers=1))
+    fresh = fast_generate(target, draft, [1, 2, 3], max_new_tokens=20, temperature=1.0, seed=5, eos_token_id=NO_EOS)
+    assert warmup(target, draft) > 0
+    assert warmup(target) > 0
+    again = fast_generate(target, draft, [1, 2, 3], max_new_tokens=20, temperature=1.0, seed=5, eos_token_id=NO_EOS)
+    assert again.tokens == fresh.tokens and again.stats.rounds == fresh.stats.rounds

@@ -10,6 +10,7 @@ import specdec_fast
 from specdec_fast import HFCachedLM, fast_generate, generate_autoregressive
 from specdec_fast.learned_policy import (AcceptancePredictor, CostAwarePolicy, CostModel, NetworkPolicy, ValueNetwork,
                                          default_policy, load_policy, save_policy)
+from specdec_fast.monitoring import AdaptiveMonitoringSystem
 from specdec_fast.policy import (FEATURES, ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule,
                                  MDPState, SpeculativePolicy)
 
@@ -45,6 +46,8 @@ POLICIES = {
     "cost-aware": cheap_cost_aware,
     "value network": value_policy,
     "stop on even token": lambda v: StopOnEvenToken(4),
+    "monitor (cap moves every round)": lambda v: AdaptiveMonitoringSystem(ConfidenceThreshold(0.5, 4), 4, window=2,
+                                                                          period=1),
 }
 CASES = [(name, "token") for name in POLICIES] + [("cost-aware", "block"), ("stop on even token", "block")]
 

@@ -10,6 +10,7 @@
 #include "../op_inputs.h"
 #include "../philox.h"
 #include "sampling.h"
+#include "skinny_linear.h"
 
 namespace {
 
@@ -119,6 +120,19 @@ at::Tensor philox_uniforms_cpu(const at::Tensor& seed,    // [B] int64
   return u;
 }
 
+// x [M, K] fp32 (M <= kSkinnyMaxRows), weight [N, K] fp32 -> [M, N]; checked in specdec_fast/linear.py.
+at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
+  const at::Tensor xc = x.contiguous(), w = weight.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1), N = w.size(0);
+  TORCH_CHECK(M >= 1 && M <= specdec::kSkinnyMaxRows && w.size(1) == K, "skinny_linear: bad shapes");
+  at::Tensor y = at::empty({M, N}, xc.options());
+  const auto kernel = specdec::skinny_linear_kernel(static_cast<int>(M));
+  const float *x_ptr = xc.data_ptr<float>(), *w_ptr = w.data_ptr<float>();
+  float* y_ptr = y.data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) { kernel(x_ptr, w_ptr, y_ptr, K, N, begin, end); });
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
@@ -126,4 +140,5 @@ TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
   m.impl("verify_block", &verify_cpu<true>);
   m.impl("draft_step", &draft_step_cpu);
   m.impl("philox_uniforms", &philox_uniforms_cpu);
+  m.impl("skinny_linear", &skinny_linear_cpu);
 }

@@ -14,14 +14,10 @@ import statistics
 import time
 
 import torch
-from tqdm import tqdm
-
 from ..cached_lm import HFCachedLM
-from ..drafts import default_draft
 from ..generate import fast_generate, generate_autoregressive
-from ..prompts import chat_prompt_ids, heldout_prompts
-from ..smollm2 import load_smollm2
 from .common import machine, markdown_table, median_time, write_results
+from .efficiency import EfficiencyBenchmark
 
 
 def step_costs(target, draft, ids: list[int], max_k: int, repeats: int = 15) -> dict:
@@ -62,55 +58,46 @@ def _hf_assisted(target, draft, ids: list[int], temperature: float, max_new_toke
 
 
 def run(num_prompts: int | None, lengths: list[int], temperatures: list[float], max_new_tokens: int, out_name: str = "e2e") -> dict:
-    target, tokenizer = load_smollm2()
-    draft = default_draft(target)
-    prompts = heldout_prompts()
-    if num_prompts:  # an evenly spaced subset keeps every kind of prompt
-        prompts = prompts[:: -(-len(prompts) // num_prompts)]
-    costs = step_costs(target, draft, chat_prompt_ids(tokenizer, prompts[0]["prompt"], chat=True), max(lengths))
-    runs = []  # one dict per (prompt, temperature, method)
-    for i, p in enumerate(tqdm(prompts, desc="e2e prompts")):
-        ids = chat_prompt_ids(tokenizer, p["prompt"], chat=True)
-        for temperature in temperatures:
-            common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=i, eos_token_id=())
-            row = dict(prompt=i, kind=p["kind"], temperature=temperature)
-            base = generate_autoregressive(target, ids, **common).stats
-            runs.append(dict(row, method="target", tps=base.tokens_per_second))
-            runs.append(dict(row, method="hf_assisted", tps=_hf_assisted(target, draft, ids, temperature, max_new_tokens)))
-            for k in lengths:
-                s = fast_generate(target, draft, ids, num_draft_tokens=k, **common).stats
-                runs.append(dict(row, method=f"k={k}", k=k, tps=s.tokens_per_second, acceptance=s.acceptance_rate,
-                                 accepted_length=s.mean_accepted_length, per_position=s.per_position_acceptance))
-    summary = summarize(runs, costs, lengths, temperatures)
-    data = dict(machine=machine(), settings=dict(prompts=len(prompts), max_new_tokens=max_new_tokens, lengths=lengths,
-                                                temperatures=temperatures), costs=costs, summary=summary, runs=runs)
+    bench = EfficiencyBenchmark.default(num_prompts, max_new_tokens=max_new_tokens, temperatures=temperatures)
+    target, draft = bench.target, bench.draft
+    costs = step_costs(target, draft, bench.prompt_ids(0), max(lengths))
+
+    def speculative(k: int):
+        def method(ids, settings):
+            s = fast_generate(target, draft, ids, num_draft_tokens=k, **settings).stats
+            return dict(k=k, tps=s.tokens_per_second, acceptance=s.acceptance_rate,
+                        accepted_length=s.mean_accepted_length, per_position=s.per_position_acceptance)
+        return method
+
+    methods = {
+        "target": lambda ids, settings: dict(tps=generate_autoregressive(target, ids, **settings).stats.tokens_per_second),
+        "hf_assisted": lambda ids, settings: dict(tps=_hf_assisted(target, draft, ids, settings["temperature"], max_new_tokens)),
+    } | {f"k={k}": speculative(k) for k in lengths}
+    runs = bench.run(methods, desc="e2e prompts")
+    summary = summarize(runs, costs)
+    data = dict(machine=machine(), settings=dict(prompts=len(bench.prompts), max_new_tokens=max_new_tokens,
+                                                lengths=lengths, temperatures=temperatures),
+                costs=costs, summary=summary, runs=runs)
     write_results(out_name, data, table(summary, costs))
     plot(summary, out_name)
     return data
 
 
-def summarize(runs: list[dict], costs: dict, lengths: list[int], temperatures: list[float]) -> list[dict]:
-    """Medians over prompts per (temperature, method); speedups are medians of per-prompt ratios."""
-    out = []
-    for temperature in temperatures:
-        rows = [r for r in runs if r["temperature"] == temperature]
-        base = {r["prompt"]: r["tps"] for r in rows if r["method"] == "target"}
-        hf = {r["prompt"]: r["tps"] for r in rows if r["method"] == "hf_assisted"}
-        for method in ["target", "hf_assisted"] + [f"k={k}" for k in lengths]:
-            mine = [r for r in rows if r["method"] == method]
-            entry = dict(temperature=temperature, method=method, tps=statistics.median(r["tps"] for r in mine),
-                         speedup=statistics.median(r["tps"] / base[r["prompt"]] for r in mine),
-                         vs_hf=statistics.median(r["tps"] / hf[r["prompt"]] for r in mine))
-            if "k" in mine[0]:
-                k = mine[0]["k"]
-                alpha = statistics.median(r["acceptance"] for r in mine)
-                predicted = expected_tokens(alpha, k) / (k * costs["c"] + costs["v"][k])
-                positions = list(zip(*[r["per_position"] for r in mine if len(r["per_position"]) == k]))
-                entry |= dict(k=k, acceptance=alpha, accepted_length=statistics.median(r["accepted_length"] for r in mine),
-                              predicted=predicted, efficiency=entry["speedup"] / predicted,
-                              per_position=[statistics.median(p) for p in positions])
-            out.append(entry)
-    return out
+def summarize(runs: list[dict], costs: dict) -> list[dict]:
+    """Medians over prompts per (temperature, method), speedups (over the target, over transformers'
+    assisted generation) as medians of per-prompt ratios, and the Leviathan prediction per length."""
+    summary = EfficiencyBenchmark.compare_with_baseline(runs, "target")
+    vs_hf = EfficiencyBenchmark.compare_with_baseline(runs, "hf_assisted")
+    for entry, other in zip(summary, vs_hf):
+        entry["vs_hf"] = other["speedup"]
+        if "k" in entry:
+            k = entry["k"]
+            mine = [r for r in runs if r["method"] == entry["method"] and r["temperature"] == entry["temperature"]]
+            entry["predicted"] = expected_tokens(entry["acceptance"], k) / (k * costs["c"] + costs["v"][k])
+            entry["efficiency"] = entry["speedup"] / entry["predicted"]
+            positions = list(zip(*[r["per_position"] for r in mine if len(r["per_position"]) == k]))
+            entry["per_position"] = [statistics.median(p) for p in positions]
+    return summary
 
 
 def table(summary: list[dict], costs: dict) -> str:

@@ -22,17 +22,14 @@ from __future__ import annotations
 import statistics
 
 import torch
-from tqdm import tqdm
 
-from ..drafts import default_draft
 from ..generate import fast_generate, generate_autoregressive
-from ..ops import verify
 from ..learned_policy import NetworkPolicy, default_policy, load_policy
+from ..ops import verify
 from ..policy import ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule
-from ..prompts import chat_prompt_ids, heldout_prompts
-from ..smollm2 import load_smollm2
 from .common import machine, markdown_table, write_results
 from .e2e import step_costs
+from .efficiency import EfficiencyBenchmark, plot_speedups
 
 
 def policy_factories(lengths: list[int]) -> dict:
@@ -66,72 +63,68 @@ def oracle(rounds: list[tuple[int, int]], new_tokens: int, costs: dict, k: int) 
 
 def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, lengths: list[int],
         out_name: str = "policies") -> dict:
-    target, tokenizer = load_smollm2()
-    draft = default_draft(target)
-    prompts = heldout_prompts()[:: -(-len(heldout_prompts()) // num_prompts)]
-    costs = step_costs(target, draft, chat_prompt_ids(tokenizer, prompts[0]["prompt"], chat=True), max(lengths) + 1)
-    factories = policy_factories(lengths)
-    runs, same_drafts = [], []
-    for i, p in enumerate(tqdm(prompts, desc="policies")):
-        ids = chat_prompt_ids(tokenizer, p["prompt"], chat=True)
-        for temperature in temperatures:
-            common = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=i, eos_token_id=())
-            row = dict(prompt=i, temperature=temperature)
-            base = generate_autoregressive(target, ids, **common).stats
-            runs.append(dict(row, method="target alone", verifier="-", tps=base.tokens_per_second, calls_per_token=1.0,
-                             accepted_length=1.0))
-            for verifier in ("token", "block"):
-                for name, make in factories.items():
-                    traced = verifier == "token" and name == f"fixed k={max(lengths)}"
-                    rounds, paired = [], []
+    bench = EfficiencyBenchmark.default(num_prompts, max_new_tokens=max_new_tokens, temperatures=temperatures)
+    target, draft = bench.target, bench.draft
+    costs = step_costs(target, draft, bench.prompt_ids(0), max(lengths) + 1)
+    traced_name = f"fixed k={max(lengths)}"
 
-                    def record(logits, q, x, out):
-                        rounds.append((len(x), int(out.num_accepted)))
-                        if traced and len(x):
-                            paired.append(paired_accepted(logits, q, x, temperature))
+    def speculative(name: str, make, verifier: str):
+        def method(ids, settings):
+            traced = verifier == "token" and name == traced_name
+            rounds, paired = [], []
 
-                    s = fast_generate(target, draft, ids, policy=make(verifier), verifier=verifier, on_round=record,
-                                      **common).stats
-                    runs.append(dict(row, method=name, verifier=verifier, tps=s.tokens_per_second,
-                                     calls_per_token=s.rounds / s.new_tokens, accepted_length=s.mean_accepted_length))
-                    if traced:
-                        runs.append(dict(row, method="oracle", verifier="token",
-                                         **oracle(rounds, s.new_tokens, costs, max(lengths))))
-                        same = {rule: 1 + statistics.mean(p[rule] for p in paired) for rule in ("token", "block")}
-                        same_drafts.append(dict(row, k=max(lengths), token=same["token"], block=same["block"]))
-    summary = summarize(runs, temperatures, lengths)
+            def record(logits, q, x, out):
+                rounds.append((len(x), int(out.num_accepted)))
+                if traced and len(x):
+                    paired.append(paired_accepted(logits, q, x, settings["temperature"]))
+
+            s = fast_generate(target, draft, ids, policy=make(verifier), verifier=verifier, on_round=record,
+                              **settings).stats
+            row = dict(method=name, verifier=verifier, tps=s.tokens_per_second, calls_per_token=s.rounds / s.new_tokens,
+                       accepted_length=s.mean_accepted_length)
+            if traced:
+                row["oracle"] = oracle(rounds, s.new_tokens, costs, max(lengths))
+                row["same_drafts"] = {rule: 1 + statistics.mean(p[rule] for p in paired) for rule in ("token", "block")}
+            return row
+        return method
+
+    def alone(ids, settings):
+        return dict(method="target alone", tps=generate_autoregressive(target, ids, **settings).stats.tokens_per_second,
+                    calls_per_token=1.0, accepted_length=1.0)
+
+    methods = {"target alone": alone} | {f"{name} | {verifier}": speculative(name, make, verifier)
+                                         for verifier in ("token", "block")
+                                         for name, make in policy_factories(lengths).items()}
+    runs = bench.run(methods, desc="policies")
+    same_drafts = []
+    for r in [r for r in runs if "oracle" in r]:
+        labels = dict(prompt=r["prompt"], kind=r["kind"], temperature=r["temperature"])
+        runs.append(dict(labels, method="oracle", verifier="token", **r.pop("oracle")))
+        same_drafts.append(dict(labels, k=max(lengths), **r.pop("same_drafts")))
+    summary = summarize(runs)
     paired = [dict(temperature=t, token=statistics.median(r["token"] for r in same_drafts if r["temperature"] == t),
                    block=statistics.median(r["block"] for r in same_drafts if r["temperature"] == t),
                    gain=statistics.median(r["block"] / r["token"] for r in same_drafts if r["temperature"] == t))
               for t in temperatures]
-    data = dict(machine=machine(), costs=costs, settings=dict(prompts=len(prompts), max_new_tokens=max_new_tokens,
+    data = dict(machine=machine(), costs=costs, settings=dict(prompts=len(bench.prompts), max_new_tokens=max_new_tokens,
                                                               temperatures=temperatures, lengths=lengths),
                 summary=summary, same_drafts=paired, runs=runs, same_drafts_runs=same_drafts)
     write_results(out_name, data, table(data))
-    plot(summary, out_name)
+    plot_speedups(summary, out_name, "draft-length policies")
     return data
 
 
-def summarize(runs: list[dict], temperatures: list[float], lengths: list[int]) -> list[dict]:
-    """Medians over prompts per (temperature, verifier, method), speedups as medians of per-prompt ratios;
-    plus the best fixed length in hindsight per (temperature, verifier)."""
-    out = []
-    for temperature in temperatures:
-        rows = [r for r in runs if r["temperature"] == temperature]
-        base = {r["prompt"]: r["tps"] for r in rows if r["method"] == "target alone"}
-        for method, verifier in dict.fromkeys((r["method"], r["verifier"]) for r in rows):
-            mine = [r for r in rows if r["method"] == method and r["verifier"] == verifier]
-            out.append(dict(temperature=temperature, method=method, verifier=verifier,
-                            tps=statistics.median(r["tps"] for r in mine),
-                            speedup=statistics.median(r["tps"] / base[r["prompt"]] for r in mine),
-                            calls_per_token=statistics.median(r["calls_per_token"] for r in mine),
-                            accepted_length=statistics.median(r["accepted_length"] for r in mine)))
+def summarize(runs: list[dict]) -> list[dict]:
+    """Medians over prompts per (temperature, verifier, method) (speedups: medians of per-prompt
+    ratios to the target alone), plus the best fixed length in hindsight per (temperature, verifier)."""
+    summary = EfficiencyBenchmark.compare_with_baseline(runs, "target alone")
+    for temperature in dict.fromkeys(s["temperature"] for s in summary):
         for verifier in ("token", "block"):
-            fixed = [s for s in out if s["temperature"] == temperature and s["verifier"] == verifier
+            fixed = [s for s in summary if s["temperature"] == temperature and s["verifier"] == verifier
                      and s["method"].startswith("fixed")]
             best = max(fixed, key=lambda s: s["tps"])
-            out.append(dict(best, method=f"best fixed ({best['method']})"))
-    return out
+            summary.append(dict(best, method=f"best fixed ({best['method']})"))
+    return sorted(summary, key=lambda s: s["temperature"])
 
 
 def table(data: dict) -> str:
@@ -145,25 +138,3 @@ def table(data: dict) -> str:
     return (markdown_table(head, rows) + f"\n\nCosts: target pass {c['target_step_s'] * 1e3:.1f} ms, draft pass "
             f"{c['draft_step_s'] * 1e3:.1f} ms; v(k) = " + ", ".join(f"{x:.2f}" for x in c["v"].values()) + "."
             + "\n\nBlock vs token-wise verification on the same drafts (expected tokens per round):\n\n" + same)
-
-
-def plot(summary: list[dict], name: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .common import RESULTS
-
-    temperatures = sorted({s["temperature"] for s in summary})
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(7 * len(temperatures), 5), squeeze=False)
-    for ax, temperature in zip(axes[0], temperatures):
-        rows = [s for s in summary if s["temperature"] == temperature and not s["method"].startswith("best")]
-        labels = [f"{s['method']} ({s['verifier']})" if s["verifier"] != "-" else s["method"] for s in rows]
-        ax.barh(labels, [s["speedup"] for s in rows],
-                color=["tab:gray" if s["verifier"] == "-" else "tab:blue" if s["verifier"] == "token" else "tab:orange"
-                       for s in rows])
-        ax.axvline(1.0, color="black", linewidth=0.8)
-        ax.set(xlabel="speedup over the target alone (median over prompts)", title=f"T = {temperature:g}")
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=100)

@@ -1,0 +1,103 @@
+"""``EfficiencyBenchmark`` (the seed's name): the engine under ``benchmarks/e2e.py`` and
+``benchmarks/policies.py``.
+
+It runs decoding methods over a prompt set side by side: for each prompt and temperature
+every method runs back to back, so each ratio compares runs made seconds apart on the same
+machine state. :meth:`compare_with_baseline` reduces the runs to medians over prompts, with
+speedups as medians of per-prompt ratios to the baseline method.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from tqdm import tqdm
+
+from ..prompts import chat_prompt_ids, heldout_prompts
+from .common import RESULTS
+
+# A method: (prompt ids, settings {max_new_tokens, temperature, seed, eos_token_id}) -> metrics,
+# at least {"tps": tokens per second}; "method" and "verifier" entries override the row's labels.
+Method = Callable[[list[int], dict], dict]
+
+
+@dataclass
+class EfficiencyBenchmark:
+    """Methods x prompts x temperatures on one target/draft pair (the draft is the methods' business)."""
+
+    target: object
+    draft: object
+    tokenizer: object
+    prompts: list[dict]  # [{"kind": str, "prompt": str}]
+    max_new_tokens: int = 128
+    temperatures: Sequence[float] = (0.0, 1.0)
+
+    @classmethod
+    def default(cls, num_prompts: int | None, **settings) -> "EfficiencyBenchmark":
+        """The default pair (:func:`~specdec_fast.smollm2.load_default_pair`) and an evenly spaced
+        subset of the held-out prompts (every kind of prompt stays in)."""
+        from ..smollm2 import load_default_pair
+
+        target, draft, tokenizer = load_default_pair()
+        prompts = heldout_prompts()
+        if num_prompts:
+            prompts = prompts[:: -(-len(prompts) // num_prompts)]
+        return cls(target, draft, tokenizer, prompts, **settings)
+
+    def prompt_ids(self, index: int) -> list[int]:
+        return chat_prompt_ids(self.tokenizer, self.prompts[index]["prompt"], chat=True)
+
+    def run(self, methods: dict[str, Method], desc: str = "prompts") -> list[dict]:
+        """One row per (prompt, temperature, method): its labels and the method's metrics. Greedy
+        and sampled runs use seed = prompt index and generate exactly max_new_tokens (EOS off)."""
+        runs = []
+        for i, p in enumerate(tqdm(self.prompts, desc=desc)):
+            ids = self.prompt_ids(i)
+            for temperature in self.temperatures:
+                settings = dict(max_new_tokens=self.max_new_tokens, temperature=temperature, seed=i, eos_token_id=())
+                for name, method in methods.items():
+                    runs.append(dict(dict(prompt=i, kind=p["kind"], temperature=temperature, method=name, verifier="-"),
+                                     **method(ids, settings)))
+        return runs
+
+    @staticmethod
+    def compare_with_baseline(runs: list[dict], baseline: str) -> list[dict]:
+        """Per (temperature, verifier, method), in order of appearance: the median over prompts of
+        every numeric metric, and ``speedup``, the median over prompts of tps / the baseline's tps
+        on the same prompt and temperature."""
+        base = {(r["prompt"], r["temperature"]): r["tps"] for r in runs if r["method"] == baseline}
+        groups: dict[tuple, list[dict]] = {}
+        for r in runs:
+            groups.setdefault((r["temperature"], r["verifier"], r["method"]), []).append(r)
+        summary = []
+        for (temperature, verifier, method), rows in groups.items():
+            numeric = [key for key, value in rows[0].items() if isinstance(value, (int, float)) and key != "prompt"]
+            entry = dict(temperature=temperature, verifier=verifier, method=method)
+            entry |= {key: statistics.median(r[key] for r in rows) for key in numeric if key != "temperature"}
+            entry["speedup"] = statistics.median(r["tps"] / base[r["prompt"], r["temperature"]] for r in rows)
+            summary.append(entry)
+        return summary
+
+
+def plot_speedups(summary: list[dict], name: str, title: str) -> None:
+    """Bars of each method's median speedup over the baseline, one panel per temperature, as <name>.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temperatures = sorted({s["temperature"] for s in summary})
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(7 * len(temperatures), 5), squeeze=False)
+    colors = {"-": "tab:gray", "token": "tab:blue", "block": "tab:orange"}
+    for ax, temperature in zip(axes[0], temperatures):
+        rows = [s for s in summary if s["temperature"] == temperature]
+        ax.barh([s["method"] if s["verifier"] == "-" else f"{s['method']} ({s['verifier']})" for s in rows],
+                [s["speedup"] for s in rows], color=[colors.get(s["verifier"], "tab:green") for s in rows])
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.invert_yaxis()
+        ax.set(xlabel="speedup over the baseline (median over prompts)", title=f"{title}, T = {temperature:g}")
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=100)
+    plt.close(fig)
