@@ -14,8 +14,8 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >> "$OUT/gpu.txt"
 
 # Kernel tests on the GPU: every test parametrised over backends runs for cuda and triton here.
-timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_verify.py tests/test_verify_block.py \
-    -k "cuda or triton or every_position or greedy or toy or at_least" 2>&1 | tee "$OUT/tests.log" | tail -n 30
+timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_backends.py tests/test_verify.py tests/test_verify_block.py tests/test_fuzz.py \
+    -k "cuda or triton or every_position or greedy or toy or at_least or fuzz or nan" 2>&1 | tee "$OUT/tests.log" | tail -n 30
 
 # The verify microbenchmark on the GPU (same grid as on the CPU), results beside the tests' log.
 timeout 240 python3 benchmarks/microbench.py --device cuda --repeats 20 --out-name microbench_gpu 2>&1 | tail -n 60

@@ -142,6 +142,13 @@ def _linear_bench(args) -> int:
     return 0
 
 
+def _soak(args) -> int:
+    from .bench import soak
+
+    print(soak.table(soak.run(args.rounds)))
+    return 0
+
+
 def _warmup_bench(args) -> int:
     from .bench import warmup
 
@@ -223,6 +230,10 @@ def main(argv: list[str] | None = None) -> int:
     lb = commands.add_parser("linear-bench", parents=[common], help="skinny linear kernel vs F.linear (benchmarks/linear.py)")
     lb.add_argument("--repeats", type=int, default=21)
     lb.set_defaults(run=_linear_bench)
+
+    so = commands.add_parser("soak", parents=[common], help="rounds of fast_generate with RSS readings (benchmarks/soak.py)")
+    so.add_argument("--rounds", type=int, default=1000)
+    so.set_defaults(run=_soak)
 
     wb = commands.add_parser("warmup-bench", parents=[common], help="cold vs warm first-request times in fresh processes")
     wb.add_argument("--repeats", type=int, default=3)

@@ -56,7 +56,9 @@ def cases(draw, max_vocab: int):
     params = dict(temperature=rows([0.0, 0.3, 1.0, 1.7], torch.float32), top_k=rows([0, 1, 2, 7], torch.int64),
                   top_p=rows([1.0, 0.95, 0.5, 1e-3], torch.float32))
     target = logits_of(draw(st.sampled_from(STYLES)), (batch, k + 1, vocab), g).to(dtype)
-    q = warp_logits(logits_of(draw(st.sampled_from(STYLES)), (batch, max(k, 1), vocab), g), 1.0, draw(st.sampled_from([0, 3])), 1.0)[:, :k]
+    rows_q = (batch, max(k, 1))
+    q = warp_logits(logits_of(draw(st.sampled_from(STYLES)), (*rows_q, vocab), g), torch.ones(rows_q),
+                    torch.full(rows_q, draw(st.sampled_from([0, 3]))), torch.ones(rows_q))[:, :k]
     tokens = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, k) if k else torch.zeros(batch, 0, dtype=torch.int64)
     lens = torch.randint(0, k + 1, (batch,), generator=g)
     uniforms = torch.where(torch.rand(batch, k + 1, generator=g) < 0.1, 1.0, 1 - torch.rand(batch, k + 1, generator=g))

@@ -66,3 +66,8 @@ def test_switched_model_generates_the_same_greedy_text():
     spec = fast_generate(target, draft, [1, 2, 3], max_new_tokens=30, temperature=0.0, num_draft_tokens=3,
                          eos_token_id=NO_EOS)
     assert after.tokens == before.tokens == spec.tokens
+
+
+def test_opcheck():
+    skinny_linear(torch.randn(1, 4), torch.randn(3, 4), backend="cpu")  # loads the cpu library
+    torch.library.opcheck(torch.ops.specdec_fast.skinny_linear, (torch.randn(5, 64), torch.randn(40, 64)))

@@ -71,15 +71,16 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
     def speculative(name: str, make, verifier: str):
         def method(ids, settings):
             traced = verifier == "token" and name == traced_name
-            rounds, paired = [], []
+            rounds, kept = [], []
 
             def record(logits, q, x, out):
                 rounds.append((len(x), int(out.num_accepted)))
-                if traced and len(x):
-                    paired.append(paired_accepted(logits, q, x, settings["temperature"]))
+                if traced and len(x):  # re-verified after the timed run
+                    kept.append((logits.clone(), q.clone(), x.clone()))
 
             s = fast_generate(target, draft, ids, policy=make(verifier), verifier=verifier, on_round=record,
                               **settings).stats
+            paired = [paired_accepted(*round_, settings["temperature"]) for round_ in kept]
             row = dict(method=name, verifier=verifier, tps=s.tokens_per_second, calls_per_token=s.rounds / s.new_tokens,
                        accepted_length=s.mean_accepted_length)
             if traced:

@@ -51,16 +51,9 @@ def verify_reference(
     top_p: Tensor,  # [B]
     uniforms: Tensor,  # [B, K+1] in (0, 1]: K acceptance tests, then one for the emitted sample
 ) -> VerifyOutput:
-    batch, k_plus_1, _ = target_logits.shape
-    k = k_plus_1 - 1
+    p, drafted, p_x, q_x = warped_target(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p)
+    batch, k = draft_tokens.shape
     rows = torch.arange(batch, device=target_logits.device)
-    expand = lambda t: t[:, None].expand(batch, k_plus_1)  # noqa: E731
-    p = warp_logits(target_logits, expand(temperature), expand(top_k), expand(top_p))  # [B, K+1, V]
-
-    drafted = torch.arange(k, device=rows.device)[None, :] < draft_lens[:, None]  # [B, K]
-    x = torch.where(drafted, draft_tokens, 0)
-    p_x = p[:, :k].gather(-1, x[..., None]).squeeze(-1)
-    q_x = draft_probs.gather(-1, x[..., None]).squeeze(-1)
     accept = drafted & (q_x > 0) & (uniforms[:, :k] * q_x <= p_x)
     num_accepted = accept.long().cumprod(-1).sum(-1)  # accepted prefix: stops at the first rejection
 
@@ -76,6 +69,19 @@ def verify_reference(
     y = sample_inverse_cdf(residual, uniforms[:, k])
 
     return VerifyOutput(num_accepted, emitted_tokens(draft_tokens, num_accepted, y), num_accepted + 1)
+
+
+def warped_target(target_logits: Tensor, draft_probs: Tensor, draft_tokens: Tensor, draft_lens: Tensor,
+                  temperature: Tensor, top_k: Tensor, top_p: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What both verifiers start from: p [B, K+1, V] (the warped target), drafted [B, K] (bool:
+    position i < draft_lens), and p(X_i), q(X_i) [B, K] (X_i = 0 where nothing was drafted)."""
+    batch, k_plus_1, _ = target_logits.shape
+    expand = lambda t: t[:, None].expand(batch, k_plus_1)  # noqa: E731
+    p = warp_logits(target_logits, expand(temperature), expand(top_k), expand(top_p))
+    k = k_plus_1 - 1
+    drafted = torch.arange(k, device=p.device)[None, :] < draft_lens[:, None]
+    x = torch.where(drafted, draft_tokens, 0)
+    return p, drafted, p[:, :k].gather(-1, x[..., None]).squeeze(-1), draft_probs.gather(-1, x[..., None]).squeeze(-1)
 
 
 def emitted_tokens(draft_tokens: Tensor, num_accepted: Tensor, y: Tensor) -> Tensor:

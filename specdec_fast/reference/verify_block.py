@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..sampling import sample_inverse_cdf, warp_logits
-from .verify import RESIDUAL_EPS, VerifyOutput, emitted_tokens
+from ..sampling import sample_inverse_cdf
+from .verify import RESIDUAL_EPS, VerifyOutput, emitted_tokens, warped_target
 
 
 def verify_block_reference(
@@ -33,17 +33,10 @@ def verify_block_reference(
     top_p: Tensor,  # [B]
     uniforms: Tensor,  # [B, K+1] in (0, 1]: u_1..u_K, then one for the emitted sample
 ) -> VerifyOutput:
-    batch, k_plus_1, _ = target_logits.shape
-    k = k_plus_1 - 1
+    p, drafted, p_x, q_x = warped_target(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p)
+    p_x, q_x, q = p_x.double(), q_x.double(), draft_probs
+    batch, k = draft_tokens.shape
     rows = torch.arange(batch, device=target_logits.device)
-    expand = lambda t: t[:, None].expand(batch, k_plus_1)  # noqa: E731
-    p = warp_logits(target_logits, expand(temperature), expand(top_k), expand(top_p))  # [B, K+1, V]
-    q = draft_probs
-
-    drafted = torch.arange(k, device=rows.device)[None, :] < draft_lens[:, None]  # [B, K]
-    x = torch.where(drafted, draft_tokens, 0)
-    p_x = p[:, :k].gather(-1, x[..., None]).squeeze(-1).double()
-    q_x = q.gather(-1, x[..., None]).squeeze(-1).double()
     ratio = torch.where(drafted & (q_x > 0), p_x / q_x.clamp_min(1e-300), 0.0)
     survival = [torch.ones(batch, dtype=torch.float64, device=rows.device)]  # p_0..p_K
     for i in range(k):
