@@ -7,6 +7,7 @@ from .decoder import SpeculativeDecoder
 from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive, warmup
 from .ops import DraftStepOutput, VerifyOutput, draft_step, philox_uniforms, verify
 from .monitoring import AdaptiveMonitoringSystem
+from .linear import skinny_linear, use_skinny_linear
 from .learned_policy import AcceptancePredictor, CostAwarePolicy, PolicyNetwork, ValueNetwork, default_policy
 from .policy import (ConfidenceThreshold, DraftPolicy, EntropyStop, FixedDraftLength, HeuristicSchedule, MDPState,
                      SpeculativePolicy)
@@ -46,6 +47,8 @@ __all__ = [
     "load_smollm2",
     "philox_uniforms",
     "verify",
+    "skinny_linear",
+    "use_skinny_linear",
     "warmup",
     "warp_logits",
 ]
