@@ -73,9 +73,10 @@ class EfficiencyBenchmark:
             groups.setdefault((r["temperature"], r["verifier"], r["method"]), []).append(r)
         summary = []
         for (temperature, verifier, method), rows in groups.items():
-            numeric = [key for key, value in rows[0].items() if isinstance(value, (int, float)) and key != "prompt"]
+            numeric = [key for key, value in rows[0].items()
+                       if isinstance(value, (int, float)) and key not in ("prompt", "temperature")]
             entry = dict(temperature=temperature, verifier=verifier, method=method)
-            entry |= {key: statistics.median(r[key] for r in rows) for key in numeric if key != "temperature"}
+            entry |= {key: statistics.median(r[key] for r in rows) for key in numeric}
             entry["speedup"] = statistics.median(r["tps"] / base[r["prompt"], r["temperature"]] for r in rows)
             summary.append(entry)
         return summary

@@ -24,11 +24,10 @@ def run(rounds: int, out_name: str = "soak") -> dict:
     warmup(bench.target, bench.draft)
     samples, done, request = [dict(rounds=0, rss_mb=rss_mb())], 0, 0
     while done < rounds:
-        counted = []
-        fast_generate(bench.target, bench.draft, bench.prompt_ids(request % len(bench.prompts)), max_new_tokens=64,
-                      temperature=1.0, seed=request, policy=default_policy(), on_round=lambda *_: counted.append(1))
+        out = fast_generate(bench.target, bench.draft, bench.prompt_ids(request % len(bench.prompts)),
+                            max_new_tokens=64, temperature=1.0, seed=request, policy=default_policy())
         request += 1
-        before, done = done, done + len(counted)
+        before, done = done, done + out.stats.rounds
         if done // 100 > before // 100 or done >= rounds:
             samples.append(dict(rounds=done, rss_mb=rss_mb()))
     growth = samples[-1]["rss_mb"] / samples[0]["rss_mb"] - 1
