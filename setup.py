@@ -72,7 +72,7 @@ setup(
         "matplotlib>=3.7",
         "prometheus-client>=0.17",
     ],
-    extras_require={"test": ["pytest>=8", "hypothesis>=6.100", "scipy>=1.10"]},
+    extras_require={"test": ["pytest>=8", "hypothesis>=6.100", "scipy>=1.10"], "quant": ["torchao>=0.10"]},
     entry_points={"console_scripts": ["specdec-fast=specdec_fast.cli:main"]},
     ext_modules=extensions,
     cmdclass={"build_py": BuildPyWithSources, **build_ext},

@@ -1,4 +1,4 @@
-"""Soak run: 1,000 rounds of fast_generate on the default pair, RSS after warm-up and every 100 rounds.
+"""Soak run: 1,000 rounds of fast_generate and of batch_generate on the default pair, RSS after warm-up and every 100 rounds.
 
     python benchmarks/soak.py [--rounds 1000] [--threads 2]
 

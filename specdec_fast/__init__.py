@@ -1,9 +1,10 @@
 """specdec_fast: lossless speculative decoding for PyTorch causal LMs."""
 
 from .backends import backends
+from .batch import BatchGenerationOutput, batch_generate
 from .bench.efficiency import EfficiencyBenchmark
 from .cached_lm import CachedLM, HFCachedLM, as_cached_lm
-from .decoder import SpeculativeDecoder
+from .decoder import ProductionSpeculativeDecoder, SpeculativeDecoder
 from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive, warmup
 from .ops import DraftStepOutput, VerifyOutput, draft_step, philox_uniforms, verify
 from .monitoring import AdaptiveMonitoringSystem
@@ -19,6 +20,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AdaptiveMonitoringSystem",
     "AcceptancePredictor",
+    "BatchGenerationOutput",
+    "batch_generate",
     "ConfidenceThreshold",
     "EfficiencyBenchmark",
     "CostAwarePolicy",
@@ -39,6 +42,7 @@ __all__ = [
     "HFCachedLM",
     "SamplingParams",
     "SpeculativeDecoder",
+    "ProductionSpeculativeDecoder",
     "VerifyOutput",
     "as_cached_lm",
     "draft_step",

@@ -142,6 +142,21 @@ def _linear_bench(args) -> int:
     return 0
 
 
+def _batch_bench(args) -> int:
+    from .bench import batch
+
+    print(batch.table(batch.run(args.batches, args.lengths, args.temperatures, args.max_new_tokens, args.repeats,
+                                args.out_name)))
+    return 0
+
+
+def _quant_bench(args) -> int:
+    from .bench import quant
+
+    print(quant.table(quant.run(args.prompts, args.k, args.temperatures, args.max_new_tokens)))
+    return 0
+
+
 def _soak(args) -> int:
     from .bench import soak
 
@@ -231,7 +246,25 @@ def main(argv: list[str] | None = None) -> int:
     lb.add_argument("--repeats", type=int, default=21)
     lb.set_defaults(run=_linear_bench)
 
-    so = commands.add_parser("soak", parents=[common], help="rounds of fast_generate with RSS readings (benchmarks/soak.py)")
+    bb = commands.add_parser("batch-bench", parents=[common],
+                             help="batched speculative vs batched autoregressive decoding per batch size (benchmarks/batch.py)")
+    bb.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    bb.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 4], help="fixed draft lengths compared")
+    bb.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    bb.add_argument("--max-new-tokens", type=int, default=64)
+    bb.add_argument("--repeats", type=int, default=3)
+    bb.add_argument("--out-name", default="batch", help="results file name under benchmarks/results")
+    bb.set_defaults(run=_batch_bench)
+
+    qb = commands.add_parser("quant-bench", parents=[common],
+                             help="int8 draft (torchao, torch dynamic) vs fp32: c, acceptance, tokens/s (benchmarks/quant.py)")
+    qb.add_argument("--prompts", type=int, default=8, help="an evenly spaced subset of N held-out prompts")
+    qb.add_argument("-k", type=int, default=1, help="fixed draft length")
+    qb.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    qb.add_argument("--max-new-tokens", type=int, default=64)
+    qb.set_defaults(run=_quant_bench)
+
+    so = commands.add_parser("soak", parents=[common], help="rounds of fast_generate and batch_generate with RSS readings (benchmarks/soak.py)")
     so.add_argument("--rounds", type=int, default=1000)
     so.set_defaults(run=_soak)
 

@@ -148,6 +148,15 @@ def _check_budget(ids: Tensor, max_new_tokens: int, lms: Sequence[CachedLM]) -> 
             )
 
 
+def check_pair(target_lm, draft_lm) -> None:
+    """Target and draft must share the vocabulary and (where they say) the device."""
+    if target_lm.vocab_size != draft_lm.vocab_size:
+        raise ValueError(f"vocabulary mismatch: target has {target_lm.vocab_size} logits, draft has {draft_lm.vocab_size}")
+    devices = getattr(target_lm, "device", None), getattr(draft_lm, "device", None)
+    if None not in devices and devices[0] != devices[1]:
+        raise ValueError(f"device mismatch: target is on {devices[0]}, draft on {devices[1]}")
+
+
 def _catch_up(lm: CachedLM, ids: Tensor, n: int) -> Tensor:
     """Feed the committed tokens ids[cache_length:n] (at least one) and return the next-token logits [V]."""
     return lm.extend(ids[lm.cache_length : n], 1)[-1]
@@ -207,8 +216,7 @@ def fast_generate(
         GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.
     """
     target_lm, draft_lm = as_cached_lm(target), as_cached_lm(draft)
-    if target_lm.vocab_size != draft_lm.vocab_size:
-        raise ValueError(f"vocabulary mismatch: target has {target_lm.vocab_size} logits, draft has {draft_lm.vocab_size}")
+    check_pair(target_lm, draft_lm)
     params = SamplingParams(temperature, top_k, top_p)
     policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
     eos = eos_ids(eos_token_id, target, tokenizer)
@@ -359,7 +367,7 @@ def warmup(target, draft=None, *, num_draft_tokens: int = 4, max_new_tokens: int
     ``draft=None``, the target alone). ``target`` and ``draft`` are as for :func:`fast_generate`.
     """
     start = time.perf_counter()
-    prompt = torch.arange(1, 9)
+    prompt = torch.arange(1, 9) % as_cached_lm(target).vocab_size
     for temperature in (1.0, 0.0):
         if draft is None:
             generate_autoregressive(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature, seed=0,

@@ -68,39 +68,77 @@ class PolicyNetwork(ValueNetwork):
     """The seed's policy network: [N, F] features -> [N] logit of CONTINUE, distilled from the value network's decisions."""
 
 
-class CostModel:
-    """Seconds of a draft step (c) and of a target pass over n tokens (T(n)), as exponential moving
-    averages of what the loop measures, starting from priors (measured when the policy was trained)."""
+def _interpolate(table: dict[int, float], n: int) -> float:
+    """table[n], linear between the sizes measured and beyond them (from the two outermost), >= 0."""
+    if n in table:
+        return table[n]
+    known = sorted(table)
+    if len(known) == 1:
+        return table[known[0]]
+    below, above = [m for m in known if m < n], [m for m in known if m > n]
+    lo, hi = (below[-1], above[0]) if below and above else (known[-2], known[-1]) if below else (known[0], known[1])
+    return max(0.0, table[lo] + (n - lo) * (table[hi] - table[lo]) / (hi - lo))
 
-    def __init__(self, draft_step_s: float, target_pass_s: dict[int, float], smoothing: float = 0.8):
-        self.draft_step_s = draft_step_s
+
+class CostModel:
+    """Seconds of a draft step over r sequences, c(r), and of a target pass over n token rows,
+    T(n) (a round of one sequence with k drafts is a pass over n = k + 1 rows, of a batch of
+    B sequences over n = B (k + 1)), as exponential moving averages of what the loop measures,
+    starting from priors (measured when the policy was trained); linear between and beyond
+    the sizes measured.
+    """
+
+    def __init__(self, draft_step_s: float | dict[int, float], target_pass_s: dict[int, float], smoothing: float = 0.8):
+        self.draft_step_s = dict(draft_step_s) if isinstance(draft_step_s, dict) else {1: float(draft_step_s)}
         self.target_pass_s = dict(target_pass_s)
         self.smoothing = smoothing
 
-    def target(self, n: int) -> float:
-        """T(n), linear between (and beyond) the pass sizes measured."""
-        known = sorted(self.target_pass_s)
-        if n in self.target_pass_s:
-            return self.target_pass_s[n]
-        lo = max([m for m in known if m < n], default=known[0])
-        hi = min([m for m in known if m > n], default=known[-1])
-        if lo == hi:
-            return self.target_pass_s[lo]
-        return self.target_pass_s[lo] + (n - lo) * (self.target_pass_s[hi] - self.target_pass_s[lo]) / (hi - lo)
+    def draft(self, rows: int = 1) -> float:
+        """c(rows): one draft step of ``rows`` sequences."""
+        return _interpolate(self.draft_step_s, rows)
 
-    def update(self, drafted: int, draft_s: float, target_s: float) -> None:
+    def target(self, n: int) -> float:
+        """T(n): one target pass over n token rows."""
+        return _interpolate(self.target_pass_s, n)
+
+    def update(self, drafted: int, draft_s: float, target_s: float, rows: int = 1) -> None:
         a = self.smoothing
         if drafted:
-            self.draft_step_s = a * self.draft_step_s + (1 - a) * draft_s / drafted
-        n = drafted + 1
+            self.draft_step_s[rows] = a * self.draft(rows) + (1 - a) * draft_s / drafted
+        n = rows * (drafted + 1)
         self.target_pass_s[n] = a * self.target(n) + (1 - a) * target_s
+
+
+def geometric_acceptance(mean_accepted: float, drafted: int) -> float:
+    """The per-token acceptance alpha with alpha + alpha^2 + ... + alpha^drafted = mean_accepted
+    (accepted drafts of a round under independent acceptance), by bisection."""
+    if mean_accepted >= drafted:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if sum(mid**i for i in range(1, drafted + 1)) < mean_accepted:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 class CostAwarePolicy(SpeculativePolicy):
     """The learned stopping rule of the module docstring, with an :class:`AcceptancePredictor`.
 
-    ``probe_every``: after that many rounds without drafting, draft one round anyway, so the
-    estimate of the first token's acceptance can recover when the text gets easier.
+    A batch round (``rows`` given, see policy.py) drafts one length k for every sequence, chosen before
+    drafting: the k in [0, limit] with the most expected tokens per second,
+    (1 + alpha + ... + alpha^k) / (k c(rows) + T(rows (k + 1))), with alpha the running
+    per-token acceptance and the costs measured at this batch size. As the batch grows the
+    target pass turns compute-bound, T(rows (k + 1)) grows with k, and the policy drafts
+    less, down to nothing.
+
+    ``probe_every``: after that many rounds without drafting, draft one round anyway (all
+    ``limit`` tokens; one in a batch round), so the acceptance estimate can recover when the
+    text gets easier. Each probe that does not bring drafting back doubles the gap to the
+    next one (up to 16 ``probe_every``): a probe of a large batch is dear. The first batch
+    round is a probe, so alpha starts from a measurement rather than a guess.
     """
 
     def __init__(self, predictor: AcceptancePredictor, costs: CostModel, verifier: str = "token",
@@ -109,24 +147,39 @@ class CostAwarePolicy(SpeculativePolicy):
         self.predictor, self.costs, self.block = predictor.eval(), costs, verifier == "block"
         self.probe_every = probe_every
         self.first_acceptance = 0.5  # running acceptance of the first drafted token
+        self.token_acceptance: float | None = None  # running per-token acceptance (alpha) of batch rounds
         self.tokens, self.seconds = 1.0, costs.target(1)  # running throughput = tokens / seconds
-        self.skipped = 0
+        self.skipped, self.gap = 0, probe_every  # rounds without drafting; rounds until the next probe
 
     def throughput(self) -> float:
         return self.tokens / self.seconds
 
     def _worth(self, gain: float, drafted: int) -> bool:
         """Is one more draft token (after `drafted`) with expected gain `gain` worth its cost?"""
-        cost = self.costs.draft_step_s + self.costs.target(drafted + 2) - self.costs.target(drafted + 1)
+        cost = self.costs.draft() + self.costs.target(drafted + 2) - self.costs.target(drafted + 1)
         return gain >= self.throughput() * cost
 
-    def begin_round(self, remaining: int) -> int:
-        limit = super().begin_round(remaining)
-        if limit and (self._worth(self.first_acceptance, 0) or self.skipped >= self.probe_every):
-            self.skipped = 0
-            return limit
+    def _probe(self, length: int, probe: int) -> int:
+        """``length``; or, as length 0 runs ``gap`` rounds, ``probe`` (and the gap doubles)."""
+        if length:
+            self.skipped, self.gap = 0, self.probe_every
+            return length
+        if self.skipped >= self.gap:
+            self.skipped, self.gap = 0, min(2 * self.gap, 16 * self.probe_every)
+            return probe
         self.skipped += 1
         return 0
+
+    def begin_round(self, remaining: int, rows: int | None = None) -> int:
+        limit = super().begin_round(remaining)
+        if rows is not None:
+            if self.token_acceptance is None:
+                return min(1, limit)
+            alpha, c = self.token_acceptance, self.costs.draft(rows)
+            rate = [sum(alpha**i for i in range(k + 1)) / (k * c + self.costs.target(rows * (k + 1)))
+                    for k in range(limit + 1)]
+            return self._probe(max(range(limit + 1), key=rate.__getitem__), min(1, limit))
+        return self._probe(limit if self._worth(self.first_acceptance, 0) else 0, limit)
 
     @torch.no_grad()
     def decide(self, state: MDPState) -> bool:
@@ -137,14 +190,20 @@ class CostAwarePolicy(SpeculativePolicy):
             self.survival *= accept
         return self._worth(self.survival * accept, state.position)
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None:
         super().observe(drafted, accepted, draft_s, target_s)
         a = self.smoothing
+        self.costs.update(drafted, draft_s, target_s, rows or 1)
+        if rows is not None:
+            if drafted:
+                alpha = geometric_acceptance(accepted, drafted)
+                last = self.token_acceptance
+                self.token_acceptance = alpha if last is None else a * last + (1 - a) * alpha
+            return
         if drafted:
             self.first_acceptance = a * self.first_acceptance + (1 - a) * float(accepted >= 1)
         self.tokens = a * self.tokens + (1 - a) * (accepted + 1)
         self.seconds = a * self.seconds + (1 - a) * (draft_s + target_s)
-        self.costs.update(drafted, draft_s, target_s)
 
 
 class NetworkPolicy(SpeculativePolicy):

@@ -28,13 +28,15 @@ from .reference.draft_step import DraftStepOutput
 
 @dataclass(frozen=True)
 class Round:
-    """One verification round: the cap it ran under, tokens drafted/accepted, measured seconds."""
+    """One verification round: the cap it ran under, tokens drafted/accepted (mean over the
+    ``rows`` sequences of a batch round), measured seconds."""
 
     cap: int
     drafted: int
-    accepted: int
+    accepted: float
     draft_s: float
     target_s: float
+    rows: int = 1
 
 
 class AdaptiveMonitoringSystem:
@@ -61,15 +63,15 @@ class AdaptiveMonitoringSystem:
         self.totals = GenerationStats(prompt_tokens=0)  # over all rounds, for the counters
 
     # The DraftPolicy protocol.
-    def begin_round(self, remaining: int) -> int:
-        return min(self.cap, self.policy.begin_round(remaining))
+    def begin_round(self, remaining: int, rows: int | None = None) -> int:
+        return min(self.cap, self.policy.begin_round(remaining, rows))
 
     def continue_drafting(self, position: int, step: DraftStepOutput) -> bool:
         return self.policy.continue_drafting(position, step)
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
-        self.policy.observe(drafted, accepted, draft_s, target_s)
-        self.rounds.append(Round(self.cap, drafted, accepted, draft_s, target_s))
+    def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None:
+        self.policy.observe(drafted, accepted, draft_s, target_s, rows)
+        self.rounds.append(Round(self.cap, drafted, accepted, draft_s, target_s, rows or 1))
         self.totals.record_round(drafted, accepted, accepted + 1)
         self.totals.draft_s += draft_s
         self.totals.target_s += target_s
@@ -82,7 +84,7 @@ class AdaptiveMonitoringSystem:
         tokens: dict[int, int] = {}
         seconds: dict[int, float] = {}
         for r in self.rounds:
-            tokens[r.cap] = tokens.get(r.cap, 0) + r.accepted + 1
+            tokens[r.cap] = tokens.get(r.cap, 0) + r.rows * (r.accepted + 1)
             seconds[r.cap] = seconds.get(r.cap, 0.0) + r.draft_s + r.target_s
         return {cap: tokens[cap] / seconds[cap] for cap in tokens if seconds[cap] > 0}
 
@@ -107,7 +109,7 @@ class AdaptiveMonitoringSystem:
             acceptance_rate=accepted / drafted if drafted else 0.0,
             mean_accepted_length=(accepted + len(rounds)) / len(rounds) if rounds else 0.0,
             per_position_acceptance=[a / d for a, d in zip(ok, at)],
-            tokens_per_second=(accepted + len(rounds)) / seconds if seconds > 0 else 0.0,
+            tokens_per_second=sum(r.rows * (r.accepted + 1) for r in rounds) / seconds if seconds > 0 else 0.0,
             mean_draft_s=sum(r.draft_s for r in rounds) / len(rounds) if rounds else 0.0,
             mean_target_s=sum(r.target_s for r in rounds) / len(rounds) if rounds else 0.0,
             max_draft_tokens=self.cap,

@@ -9,6 +9,12 @@ The loop (``fast_generate``) calls, per round: ``begin_round(remaining)`` -> the
 tokens to draft (0: none); ``continue_drafting(position, step)`` after each drafted token
 but the last allowed one; ``observe(drafted, accepted, draft_s, target_s)`` after
 verification, with the round's measured draft and target (+ verify) seconds.
+
+The batched loop (``batch_generate``) drafts the same number of tokens for all ``rows``
+sequences of a round, chosen before drafting: it calls ``begin_round(remaining, rows)``
+(remaining: the largest budget left in the batch) and ``observe(drafted, accepted,
+draft_s, target_s, rows)`` with ``accepted`` the mean over the rows; it never calls
+``continue_drafting``. ``rows=None`` means the single-sequence loop.
 """
 
 from __future__ import annotations
@@ -50,11 +56,11 @@ class MDPState:
 
 
 class DraftPolicy(Protocol):
-    def begin_round(self, remaining: int) -> int: ...
+    def begin_round(self, remaining: int, rows: int | None = None) -> int: ...
 
     def continue_drafting(self, position: int, step: DraftStepOutput) -> bool: ...
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None: ...
+    def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None: ...
 
 
 class SpeculativePolicy:
@@ -70,7 +76,7 @@ class SpeculativePolicy:
         self.survival = 1.0
         self.remaining = 0
 
-    def begin_round(self, remaining: int) -> int:
+    def begin_round(self, remaining: int, rows: int | None = None) -> int:
         self.survival, self.remaining = 1.0, remaining
         return min(self.max_length, remaining)
 
@@ -82,7 +88,7 @@ class SpeculativePolicy:
     def decide(self, state: MDPState) -> bool:
         return True
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None:
         if drafted:
             rate = accepted / drafted
             self.recent_acceptance = self.smoothing * self.recent_acceptance + (1 - self.smoothing) * rate
@@ -105,11 +111,11 @@ class HeuristicSchedule(SpeculativePolicy):
         super().__init__(max_draft_tokens)
         self.length = start
 
-    def begin_round(self, remaining: int) -> int:
+    def begin_round(self, remaining: int, rows: int | None = None) -> int:
         super().begin_round(remaining)
         return min(self.length, remaining)
 
-    def observe(self, drafted: int, accepted: int, draft_s: float, target_s: float) -> None:
+    def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None:
         super().observe(drafted, accepted, draft_s, target_s)
         if drafted:
             self.length = min(self.max_length, self.length + 2) if accepted == drafted else max(1, self.length - 1)

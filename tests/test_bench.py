@@ -52,3 +52,16 @@ def test_efficiency_benchmark_runs_side_by_side_and_compares():
     spec = summary[1]
     assert spec["speedup"] == pytest.approx(3.0) and spec["tps"] == pytest.approx(3.0 * 4)  # median of 6, 15, 12
     assert spec["acceptance"] == statistics.median(r["acceptance"] for r in runs if r["method"] == "spec" and r["temperature"] == 0)
+
+
+def test_batch_crossover_is_the_smallest_batch_where_speculation_loses():
+    from specdec_fast.bench.batch import crossover
+
+    def result(batch, best_fixed):
+        return dict(batch=batch, summary=[dict(temperature=0.0, method="autoregressive", speedup=1.0),
+                                          dict(temperature=0.0, method="k=1", speedup=best_fixed),
+                                          dict(temperature=0.0, method="cost-aware", speedup=2.0)])
+
+    results = [result(1, 1.2), result(4, 0.9), result(8, 1.01), result(16, 0.7)]
+    assert crossover(results, [0.0]) == {"0.0": 4}
+    assert crossover(results[:1], [0.0]) == {"0.0": None}

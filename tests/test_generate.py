@@ -189,9 +189,11 @@ def test_bad_generation_arguments(tiny_pair, kwargs, message):
         fast_generate(target, draft, **args)
 
 
-def test_vocabulary_mismatch(tiny_pair):
+def test_vocabulary_or_device_mismatch(tiny_pair):
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         fast_generate(tiny_pair[0], tiny_llama(2, vocab=9), PROMPT, max_new_tokens=5)
+    with pytest.raises(ValueError, match="device mismatch: target is on cpu, draft on meta"):
+        fast_generate(tiny_pair[0], tiny_llama(2, layers=1).to("meta"), PROMPT, max_new_tokens=5)
 
 
 def test_not_a_model():

@@ -121,9 +121,9 @@ def test_fixed_length_validates():
 
 def test_cost_model_interpolates_and_learns():
     costs = CostModel(0.01, {1: 0.10, 3: 0.14}, smoothing=0.5)
-    assert costs.target(2) == pytest.approx(0.12) and costs.target(5) == pytest.approx(0.14)
+    assert costs.target(2) == pytest.approx(0.12) and costs.target(5) == pytest.approx(0.18)  # extrapolated
     costs.update(drafted=2, draft_s=0.04, target_s=0.2)  # observed: 0.02 s per draft step, T(3) = 0.2 s
-    assert costs.draft_step_s == pytest.approx(0.015) and costs.target(3) == pytest.approx(0.17)
+    assert costs.draft() == pytest.approx(0.015) and costs.target(3) == pytest.approx(0.17)
 
 
 def test_cost_aware_policy_drafts_only_when_it_pays():

@@ -1,0 +1,146 @@
+"""Batched speculative decoding benchmark (``benchmarks/batch.py``, ``specdec-fast batch-bench``).
+
+For each batch size B, the first B held-out prompts run as one batch, side by side in
+each repeat: batched autoregressive decoding of the target (the baseline), batch_generate
+with fixed draft lengths, and with the shipped cost-aware policy. Speedups are medians over
+repeats of the ratio to the baseline of the same repeat. The batched pass costs explain
+the result: T_B(n), a target pass over B rows of n tokens; v_B(k) = T_B(k+1) / T_B(1);
+c_B, a draft step over B rows / T_B(1); the Leviathan prediction for length k is
+E[N] / (k c_B + v_B(k)) with the acceptance measured at that length.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+from tqdm import tqdm
+
+from ..batch import BatchedLM, right_aligned, batch_generate
+from ..generate import warmup
+from ..learned_policy import default_policy
+from .common import RESULTS, machine, markdown_table, median_time, write_results
+from .e2e import expected_tokens
+from .efficiency import EfficiencyBenchmark
+
+BASELINE = "autoregressive"
+
+
+def pass_costs(target, draft, prompts: list[list[int]], max_k: int, repeats: int = 7) -> dict:
+    """Median seconds of a target pass over B rows x n tokens (n = 1..max_k+1) and of a draft
+    step over B rows, with each model's cache holding the B prompts."""
+    t, d = BatchedLM(target, len(prompts)), BatchedLM(draft, len(prompts))
+    tokens, fed = right_aligned(prompts)
+    t.extend(tokens, fed, 1)
+    d.extend(tokens, fed, 1)
+    lengths, last = t.lengths, tokens[:, -1:]
+
+    def one_pass(lm: BatchedLM, n: int):
+        lm.extend(last.repeat(1, n), torch.ones(len(prompts), n, dtype=torch.bool), n)
+        lm.keep(lengths)
+
+    target_s = {n: median_time(lambda: one_pass(t, n), repeats) for n in range(1, max_k + 2)}
+    return dict(target_s=target_s, draft_s=median_time(lambda: one_pass(d, 1), repeats))
+
+
+def run(batches: list[int], lengths: list[int], temperatures: list[float], max_new_tokens: int, repeats: int,
+        out_name: str = "batch") -> dict:
+    bench = EfficiencyBenchmark.default(None)
+    target, draft = bench.target, bench.draft
+    warmup(target, draft)
+    settings = dict(max_new_tokens=max_new_tokens, eos_token_id=())
+    methods = {BASELINE: lambda ids, seeds, t: batch_generate(target, None, input_ids=ids, temperature=t, seeds=seeds, **settings)}
+    for k in lengths:
+        methods[f"k={k}"] = lambda ids, seeds, t, k=k: batch_generate(target, draft, input_ids=ids, temperature=t, seeds=seeds,
+                                                                       num_draft_tokens=k, **settings)
+    methods["cost-aware"] = lambda ids, seeds, t: batch_generate(target, draft, input_ids=ids, temperature=t, seeds=seeds,
+                                                                 policy=default_policy(), **settings)
+    results = []
+    for batch in tqdm(batches, desc="batch sizes"):
+        prompts = [bench.prompt_ids(i) for i in range(batch)]
+        costs = pass_costs(target, draft, prompts, max(lengths))
+        runs = []
+        for repeat in range(repeats):
+            for temperature in temperatures:
+                for name, method in methods.items():
+                    out = method(prompts, [repeat * batch + i for i in range(batch)], temperature)
+                    drafted = sum(o.stats.drafted for o in out.outputs)
+                    runs.append(dict(prompt=repeat, temperature=temperature, method=name, verifier="-",
+                                     tps=out.tokens_per_second,
+                                     acceptance=sum(o.stats.accepted for o in out.outputs) / drafted if drafted else 0.0,
+                                     mean_k=statistics.mean(out.draft_lengths)))
+        summary = EfficiencyBenchmark.compare_with_baseline(runs, BASELINE)
+        t1 = costs["target_s"][1]
+        for s in summary:
+            k = s["mean_k"]
+            if s["method"].startswith("k="):
+                k = int(s["method"][2:])
+                s["predicted"] = expected_tokens(s["acceptance"], k) / (k * costs["draft_s"] / t1 + costs["target_s"][k + 1] / t1)
+        results.append(dict(batch=batch, costs=costs, runs=runs, summary=summary))
+    data = dict(machine=machine(), settings=dict(batches=batches, lengths=lengths, temperatures=temperatures,
+                                                 max_new_tokens=max_new_tokens, repeats=repeats),
+                results=results, crossover=crossover(results, temperatures))
+    write_results(out_name, data, table(data))
+    plot(data, out_name)
+    return data
+
+
+def crossover(results: list[dict], temperatures: list[float]) -> dict:
+    """Per temperature: the smallest B at which no fixed draft length beats the baseline (None: none)."""
+    out = {}
+    for temperature in temperatures:
+        losing = [r["batch"] for r in results
+                  if max(s["speedup"] for s in r["summary"] if s["temperature"] == temperature and s["method"].startswith("k=")) < 1.0]
+        out[str(temperature)] = min(losing) if losing else None
+    return out
+
+
+def table(data: dict) -> str:
+    names = [s["method"] for s in data["results"][0]["summary"] if s["temperature"] == data["settings"]["temperatures"][0]]
+    rows = []
+    for temperature in data["settings"]["temperatures"]:
+        for r in data["results"]:
+            by = {s["method"]: s for s in r["summary"] if s["temperature"] == temperature}
+            cells = [f"{by[BASELINE]['tps']:.1f}"]
+            for name in names[1:]:
+                s = by[name]
+                extra = f" (pred {s['predicted']:.2f})" if "predicted" in s else f" (mean k {s['mean_k']:.2f})"
+                cells.append(f"{s['speedup']:.2f}x, a={s['acceptance']:.2f}{extra}")
+            rows.append([temperature, r["batch"], *cells])
+    speed = markdown_table(["T", "B", "autoregressive tok/s", *names[1:]], rows)
+    cost_rows = []
+    for r in data["results"]:
+        t = {int(n): s for n, s in r["costs"]["target_s"].items()}
+        cost_rows.append([r["batch"], f"{t[1] * 1e3:.1f}", *(f"{t[n] / t[1]:.2f}" for n in sorted(t) if n > 1),
+                          f"{r['costs']['draft_s'] / t[1]:.3f}"])
+    ks = sorted(int(n) - 1 for n in data["results"][0]["costs"]["target_s"] if int(n) > 1)
+    costs = markdown_table(["B", "T_B(1) ms", *(f"v_B({k})" for k in ks), "c_B"], cost_rows)
+    cross = ", ".join(f"T={t}: {'B=' + str(b) if b else 'none up to B=' + str(data['settings']['batches'][-1])}"
+                      for t, b in data["crossover"].items())
+    return (f"{speed}\n\nSpeedup: median over {data['settings']['repeats']} repeats of tokens/s over batched autoregressive "
+            f"decoding; a = acceptance rate; pred = Leviathan prediction from a, c_B, v_B(k).\n\n{costs}\n\n"
+            f"Crossover (smallest B where no fixed draft length beats autoregressive): {cross}.")
+
+
+def plot(data: dict, name: str) -> None:
+    """Speedup over batched autoregressive decoding vs batch size, per method, one panel per temperature."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    temperatures = data["settings"]["temperatures"]
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(6 * len(temperatures), 4.5), squeeze=False)
+    batches = [r["batch"] for r in data["results"]]
+    for ax, temperature in zip(axes[0], temperatures):
+        methods = [s["method"] for s in data["results"][0]["summary"] if s["temperature"] == temperature and s["method"] != BASELINE]
+        for method in methods:
+            ax.plot(batches, [next(s["speedup"] for s in r["summary"] if s["temperature"] == temperature and s["method"] == method)
+                              for r in data["results"]], marker="o", label=method)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set(xscale="log", xticks=batches, xticklabels=[str(b) for b in batches], xlabel="batch size B",
+               ylabel="speedup over batched autoregressive", title=f"T = {temperature:g}")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=100)
+    plt.close(fig)
