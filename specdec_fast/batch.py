@@ -17,7 +17,6 @@ output for the same seed.
 
 from __future__ import annotations
 
-import inspect
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -25,6 +24,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from .cached_lm import TransformersLM, is_transformers_lm
 from .generate import (GenerationOutput, GenerationStats, _check_budget, _decode, _first_eos, check_pair, eos_ids,
                        prompt_ids)
 from .ops import _sampling_tensors, draft_step, verify
@@ -32,7 +32,7 @@ from .policy import DraftPolicy, FixedDraftLength
 from .sampling import draw_uniforms
 
 
-class BatchedLM:
+class BatchedLM(TransformersLM):
     """A transformers causal LM with one ``DynamicCache`` for B sequences of different lengths.
 
     ``valid`` [B, slots] bool marks the slots that hold a token of the row's sequence.
@@ -41,16 +41,11 @@ class BatchedLM:
     def __init__(self, model: torch.nn.Module, batch: int):
         from transformers import DynamicCache
 
-        if not (hasattr(model, "config") and hasattr(model, "get_output_embeddings")):
+        if not is_transformers_lm(model):
             raise TypeError(f"{type(model).__name__} is not a transformers causal LM (batch_generate needs one)")
-        self.model = model.eval()
-        self.vocab_size = int(model.get_output_embeddings().out_features)
-        self.max_length = getattr(model.config, "max_position_embeddings", None)
-        self.device = next(model.parameters()).device
+        super().__init__(model)
         self.cache = DynamicCache(config=model.config)
         self.valid = torch.zeros(batch, 0, dtype=torch.bool, device=self.device)
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @property
     def lengths(self) -> Tensor:

@@ -42,22 +42,33 @@ class CachedLM(Protocol):
     def crop(self, length: int) -> None: ...
 
 
-class HFCachedLM:
+def is_transformers_lm(model) -> bool:
+    return hasattr(model, "config") and hasattr(model, "get_output_embeddings")
+
+
+class TransformersLM:
+    """What both cache adapters read off a transformers causal LM: the model (in eval mode),
+    ``vocab_size``, ``max_length``, ``device``, and the name of its cache argument."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model.eval()
+        self.vocab_size = int(model.get_output_embeddings().out_features)
+        self.max_length = getattr(model.config, "max_position_embeddings", None)
+        self.device = next(model.parameters()).device
+        # transformers renamed `past_key_values` to `cache` (5.2x); accept either.
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+
+
+class HFCachedLM(TransformersLM):
     """:class:`CachedLM` over a transformers causal LM with a ``DynamicCache`` (batch of one)."""
 
     def __init__(self, model: torch.nn.Module):
         from transformers import DynamicCache
 
-        self.model = model.eval()
-        config = model.config
-        self.vocab_size = int(model.get_output_embeddings().out_features)
-        self.max_length = getattr(config, "max_position_embeddings", None)
-        self.device = next(model.parameters()).device
-        self._new_cache = lambda: DynamicCache(config=config)
+        super().__init__(model)
+        self._new_cache = lambda: DynamicCache(config=model.config)
         self.cache = self._new_cache()
-        # transformers renamed `past_key_values` to `cache` (5.2x); accept either.
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @property
     def cache_length(self) -> int:
@@ -88,7 +99,7 @@ def as_cached_lm(model) -> CachedLM:
     """Return ``model`` if it already implements :class:`CachedLM`, else wrap a transformers model."""
     if isinstance(model, CachedLM):
         return model
-    if hasattr(model, "config") and hasattr(model, "get_output_embeddings"):
+    if is_transformers_lm(model):
         return HFCachedLM(model)
     raise TypeError(
         f"{type(model).__name__} is neither a transformers causal LM nor a CachedLM "

@@ -109,6 +109,11 @@ class CostModel:
         self.target_pass_s[n] = a * self.target(n) + (1 - a) * target_s
 
 
+def expected_tokens(alpha: float, k: int) -> float:
+    """E[N], tokens per round, for i.i.d. acceptance alpha and draft length k: 1 + alpha + ... + alpha^k."""
+    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
 def geometric_acceptance(mean_accepted: float, drafted: int) -> float:
     """The per-token acceptance alpha with alpha + alpha^2 + ... + alpha^drafted = mean_accepted
     (accepted drafts of a round under independent acceptance), by bisection."""
@@ -117,7 +122,7 @@ def geometric_acceptance(mean_accepted: float, drafted: int) -> float:
     lo, hi = 0.0, 1.0
     for _ in range(40):
         mid = (lo + hi) / 2
-        if sum(mid**i for i in range(1, drafted + 1)) < mean_accepted:
+        if expected_tokens(mid, drafted) - 1 < mean_accepted:
             lo = mid
         else:
             hi = mid
@@ -176,7 +181,7 @@ class CostAwarePolicy(SpeculativePolicy):
             if self.token_acceptance is None:
                 return min(1, limit)
             alpha, c = self.token_acceptance, self.costs.draft(rows)
-            rate = [sum(alpha**i for i in range(k + 1)) / (k * c + self.costs.target(rows * (k + 1)))
+            rate = [expected_tokens(alpha, k) / (k * c + self.costs.target(rows * (k + 1)))
                     for k in range(limit + 1)]
             return self._probe(max(range(limit + 1), key=rate.__getitem__), min(1, limit))
         return self._probe(limit if self._worth(self.first_acceptance, 0) else 0, limit)

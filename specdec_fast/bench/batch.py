@@ -18,9 +18,8 @@ from tqdm import tqdm
 
 from ..batch import BatchedLM, right_aligned, batch_generate
 from ..generate import warmup
-from ..learned_policy import default_policy
+from ..learned_policy import default_policy, expected_tokens
 from .common import RESULTS, machine, markdown_table, median_time, write_results
-from .e2e import expected_tokens
 from .efficiency import EfficiencyBenchmark
 
 BASELINE = "autoregressive"

@@ -16,35 +16,30 @@ import time
 import torch
 from ..cached_lm import HFCachedLM
 from ..generate import fast_generate, generate_autoregressive
+from ..learned_policy import expected_tokens
 from .common import machine, markdown_table, median_time, write_results
 from .efficiency import EfficiencyBenchmark
 
 
+def pass_seconds(model, ids: list[int], n: int = 1, repeats: int = 15) -> float:
+    """Median seconds of one pass over n tokens, with the model's cache holding ``ids`` (cropped back each time)."""
+    lm = HFCachedLM(model)
+    lm.extend(torch.tensor(ids), 1)
+    length, tokens = lm.cache_length, torch.tensor(ids[-1:]).repeat(n)
+
+    def one_pass():
+        lm.extend(tokens, n)
+        lm.crop(length)
+
+    return median_time(one_pass, repeats)
+
+
 def step_costs(target, draft, ids: list[int], max_k: int, repeats: int = 15) -> dict:
     """Median one-token pass times and v(k), with both caches holding ``ids``."""
-    t, d = HFCachedLM(target), HFCachedLM(draft)
-    prompt = torch.tensor(ids)
-    t.extend(prompt, 1)
-    d.extend(prompt, 1)
-    length, token = t.cache_length, prompt[-1:]
-
-    def target_pass(n: int):
-        t.extend(token.repeat(n), n)
-        t.crop(length)
-
-    def draft_pass():
-        d.extend(token, 1)
-        d.crop(length)
-
-    target_s = median_time(lambda: target_pass(1), repeats)
-    draft_s = median_time(draft_pass, repeats)
-    verify = {k: median_time(lambda: target_pass(k + 1), repeats) / target_s for k in range(1, max_k + 1)}
+    target_s = pass_seconds(target, ids, 1, repeats)
+    draft_s = pass_seconds(draft, ids, 1, repeats)
+    verify = {k: pass_seconds(target, ids, k + 1, repeats) / target_s for k in range(1, max_k + 1)}
     return dict(target_step_s=target_s, draft_step_s=draft_s, c=draft_s / target_s, v=verify)
-
-
-def expected_tokens(alpha: float, k: int) -> float:
-    """E[N] per round for i.i.d. acceptance alpha and draft length k."""
-    return float(k + 1) if alpha >= 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
 def _hf_assisted(target, draft, ids: list[int], temperature: float, max_new_tokens: int) -> float:

@@ -16,9 +16,9 @@ import warnings
 import torch
 
 from ..generate import fast_generate, generate_autoregressive, warmup
-from ..cached_lm import HFCachedLM
 from ..drafts import default_draft
-from .common import machine, markdown_table, median_time, write_results
+from .common import machine, markdown_table, write_results
+from .e2e import pass_seconds
 from .efficiency import EfficiencyBenchmark, plot_speedups
 
 
@@ -35,18 +35,6 @@ def int8_dynamic(draft: torch.nn.Module) -> torch.nn.Module:
         return torch.ao.quantization.quantize_dynamic(draft, {torch.nn.Linear}, dtype=torch.qint8)
 
 
-def one_token_pass_s(model, ids: list[int], repeats: int = 15) -> float:
-    lm = HFCachedLM(model)
-    lm.extend(torch.tensor(ids), 1)
-    length, token = lm.cache_length, torch.tensor(ids[-1:])
-
-    def one_pass():
-        lm.extend(token, 1)
-        lm.crop(length)
-
-    return median_time(one_pass, repeats)
-
-
 def run(num_prompts: int, k: int, temperatures: list[float], max_new_tokens: int, out_name: str = "quant") -> dict:
     bench = EfficiencyBenchmark.default(num_prompts, max_new_tokens=max_new_tokens, temperatures=tuple(temperatures))
     target = bench.target
@@ -55,8 +43,8 @@ def run(num_prompts: int, k: int, temperatures: list[float], max_new_tokens: int
     for draft in drafts.values():
         warmup(target, draft)
     ids = bench.prompt_ids(0)
-    target_s = one_token_pass_s(target, ids)
-    costs = {name: one_token_pass_s(d, ids) / target_s for name, d in drafts.items()}
+    target_s = pass_seconds(target, ids)
+    costs = {name: pass_seconds(d, ids) / target_s for name, d in drafts.items()}
 
     methods = {"target alone": lambda p, s: dict(tps=generate_autoregressive(target, p, **s).stats.tokens_per_second)}
     for name, draft in drafts.items():
