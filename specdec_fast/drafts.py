@@ -84,29 +84,30 @@ def build_small_draft(target: torch.nn.Module, layer_ids: list[int], vocab_ids: 
     return draft.eval()
 
 
-def _own_state(draft: torch.nn.Module) -> dict[str, torch.Tensor]:
+def own_state(draft: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The draft's own weights: everything but the embeddings it shares with the target."""
-    return {k: v for k, v in draft.state_dict().items() if not k.startswith("model.embed_tokens.")}
+    return {k: v for k, v in draft.state_dict().items() if "embed_tokens." not in k}
 
 
-def save_small_draft(draft: torch.nn.Module, path, metadata: dict[str, str]) -> None:
+def save_draft_weights(draft: torch.nn.Module, path, metadata: dict[str, str]) -> None:
     """Write the draft's own weights (fp16) and ``metadata`` to a safetensors file."""
     from safetensors.torch import save_file
 
-    state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in _own_state(draft).items()}
-    save_file(state, str(path), metadata={"num_layers": str(draft.config.num_hidden_layers), **metadata})
+    state = {k: (v.half() if v.is_floating_point() else v).contiguous() for k, v in own_state(draft).items()}
+    save_file(state, str(path), metadata=metadata)
 
 
-def load_small_draft(target: torch.nn.Module, path) -> torch.nn.Module:
-    """Rebuild a draft saved by :func:`save_small_draft` around ``target`` (whose embeddings it shares)."""
+def read_draft_file(path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """(metadata, weights) of a file written by :func:`save_draft_weights`."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        num_layers = int(f.metadata()["num_layers"])
-        state = {k: f.get_tensor(k) for k in f.keys()}
-    vocab_ids = state["lm_head.vocab_ids"]
-    draft = build_small_draft(target, list(range(num_layers)), vocab_ids)
-    own = _own_state(draft)
+        return f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+
+
+def load_draft_weights(draft: torch.nn.Module, state: dict[str, torch.Tensor], path) -> torch.nn.Module:
+    """Load ``state`` (read from ``path``) into ``draft``'s own weights; returns the draft in eval mode."""
+    own = own_state(draft)
     missing = set(own) - set(state)
     if missing:
         raise ValueError(f"{path} lacks the weights {sorted(missing)[:5]}")
@@ -114,14 +115,28 @@ def load_small_draft(target: torch.nn.Module, path) -> torch.nn.Module:
     return draft.eval()
 
 
-DEFAULT_DRAFT = "smollm2_draft.safetensors"
+def save_small_draft(draft: torch.nn.Module, path, metadata: dict[str, str]) -> None:
+    """Write the draft's own weights (fp16) and ``metadata`` to a safetensors file."""
+    save_draft_weights(draft, path, {"num_layers": str(draft.config.num_hidden_layers), **metadata})
+
+
+def load_small_draft(target: torch.nn.Module, path) -> torch.nn.Module:
+    """Rebuild a draft saved by :func:`save_small_draft` around ``target`` (whose embeddings it shares)."""
+    metadata, state = read_draft_file(path)
+    draft = build_small_draft(target, list(range(int(metadata["num_layers"]))), state["lm_head.vocab_ids"])
+    return load_draft_weights(draft, state, path)
+
+
+def shipped_file(name: str):
+    """Path of a draft file shipped in specdec_fast/data (``train-draft`` reproduces each)."""
+    from importlib import resources
+
+    path = resources.files("specdec_fast.data").joinpath(name)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: reproduce it with `specdec-fast train-draft`")
+    return path
 
 
 def default_draft(target: torch.nn.Module) -> torch.nn.Module:
-    """The distilled draft shipped for SmolLM2-135M-Instruct (see specdec_fast/data/DRAFT_CARD.md)."""
-    from importlib import resources
-
-    path = resources.files("specdec_fast.data").joinpath(DEFAULT_DRAFT)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: reproduce it with `specdec-fast train-draft`")
-    return load_small_draft(target, path)
+    """The distilled token-level draft shipped for SmolLM2-135M-Instruct (card: specdec_fast/data/smollm2_draft.md)."""
+    return load_small_draft(target, shipped_file("smollm2_draft.safetensors"))

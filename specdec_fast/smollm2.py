@@ -110,3 +110,15 @@ def load_default_pair():
     target, tokenizer = load_smollm2()
     draft = default_draft(target)
     return use_skinny_linear(target), use_skinny_linear(draft), tokenizer
+
+
+def load_feature_pair():
+    """SmolLM2-135M-Instruct and the shipped feature draft as the bound pair of
+    :func:`~specdec_fast.feature_draft.feature_pair` (skinny linear layers, fp32, CPU).
+    Returns (target_lm, draft_lm, tokenizer), to pass to ``fast_generate``."""
+    from .feature_draft import default_feature_draft, feature_pair
+    from .linear import use_skinny_linear
+
+    target, tokenizer = load_smollm2()
+    draft = use_skinny_linear(default_feature_draft(target))
+    return (*feature_pair(use_skinny_linear(target), draft), tokenizer)

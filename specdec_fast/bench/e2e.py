@@ -14,16 +14,21 @@ import statistics
 import time
 
 import torch
-from ..cached_lm import HFCachedLM
+from ..cached_lm import as_cached_lm
+from ..feature_draft import default_feature_draft, feature_pair
 from ..generate import fast_generate, generate_autoregressive
 from ..learned_policy import expected_tokens
+from ..linear import use_skinny_linear
 from .common import machine, markdown_table, median_time, write_results
 from .efficiency import EfficiencyBenchmark
 
 
 def pass_seconds(model, ids: list[int], n: int = 1, repeats: int = 15) -> float:
-    """Median seconds of one pass over n tokens, with the model's cache holding ``ids`` (cropped back each time)."""
-    lm = HFCachedLM(model)
+    """Median seconds of one pass over n tokens, with the model's cache holding ``ids`` (cropped back each time).
+
+    ``model``: a transformers model or a CachedLM (a feature draft's target must hold ``ids`` already)."""
+    lm = as_cached_lm(model)
+    lm.reset()
     lm.extend(torch.tensor(ids), 1)
     length, tokens = lm.cache_length, torch.tensor(ids[-1:]).repeat(n)
 
@@ -35,7 +40,8 @@ def pass_seconds(model, ids: list[int], n: int = 1, repeats: int = 15) -> float:
 
 
 def step_costs(target, draft, ids: list[int], max_k: int, repeats: int = 15) -> dict:
-    """Median one-token pass times and v(k), with both caches holding ``ids``."""
+    """Median one-token pass times and v(k), with both caches holding ``ids`` (the target's first:
+    a feature draft reads its features)."""
     target_s = pass_seconds(target, ids, 1, repeats)
     draft_s = pass_seconds(draft, ids, 1, repeats)
     verify = {k: pass_seconds(target, ids, k + 1, repeats) / target_s for k in range(1, max_k + 1)}
@@ -52,14 +58,18 @@ def _hf_assisted(target, draft, ids: list[int], temperature: float, max_new_toke
     return (out.shape[1] - len(ids)) / (time.perf_counter() - start)
 
 
-def run(num_prompts: int | None, lengths: list[int], temperatures: list[float], max_new_tokens: int, out_name: str = "e2e") -> dict:
+def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int], temperatures: list[float],
+        max_new_tokens: int, out_name: str = "e2e") -> dict:
     bench = EfficiencyBenchmark.default(num_prompts, max_new_tokens=max_new_tokens, temperatures=temperatures)
     target, draft = bench.target, bench.draft
-    costs = step_costs(target, draft, bench.prompt_ids(0), max(lengths))
+    feature = feature_pair(target, use_skinny_linear(default_feature_draft(target)))
+    ids = bench.prompt_ids(0)
+    costs = step_costs(target, draft, ids, max(lengths))
+    costs["c_feature"] = step_costs(*feature, ids, 1)["c"]
 
-    def speculative(k: int):
+    def speculative(pair, k: int):
         def method(ids, settings):
-            s = fast_generate(target, draft, ids, num_draft_tokens=k, **settings).stats
+            s = fast_generate(*pair, ids, num_draft_tokens=k, **settings).stats
             return dict(k=k, tps=s.tokens_per_second, acceptance=s.acceptance_rate,
                         accepted_length=s.mean_accepted_length, per_position=s.per_position_acceptance)
         return method
@@ -67,11 +77,12 @@ def run(num_prompts: int | None, lengths: list[int], temperatures: list[float], 
     methods = {
         "target": lambda ids, settings: dict(tps=generate_autoregressive(target, ids, **settings).stats.tokens_per_second),
         "hf_assisted": lambda ids, settings: dict(tps=_hf_assisted(target, draft, ids, settings["temperature"], max_new_tokens)),
-    } | {f"k={k}": speculative(k) for k in lengths}
+    } | {f"k={k}": speculative((target, draft), k) for k in lengths} | {
+        f"feature k={k}": speculative(feature, k) for k in feature_lengths}
     runs = bench.run(methods, desc="e2e prompts")
     summary = summarize(runs, costs)
     data = dict(machine=machine(), settings=dict(prompts=len(bench.prompts), max_new_tokens=max_new_tokens,
-                                                lengths=lengths, temperatures=temperatures),
+                                                lengths=lengths, feature_lengths=feature_lengths, temperatures=temperatures),
                 costs=costs, summary=summary, runs=runs)
     write_results(out_name, data, table(summary, costs))
     plot(summary, out_name)
@@ -88,7 +99,8 @@ def summarize(runs: list[dict], costs: dict) -> list[dict]:
         if "k" in entry:
             k = entry["k"]
             mine = [r for r in runs if r["method"] == entry["method"] and r["temperature"] == entry["temperature"]]
-            entry["predicted"] = expected_tokens(entry["acceptance"], k) / (k * costs["c"] + costs["v"][k])
+            c = costs["c_feature"] if entry["method"].startswith("feature") else costs["c"]
+            entry["predicted"] = expected_tokens(entry["acceptance"], k) / (k * c + costs["v"][k])
             entry["efficiency"] = entry["speedup"] / entry["predicted"]
             positions = list(zip(*[r["per_position"] for r in mine if len(r["per_position"]) == k]))
             entry["per_position"] = [statistics.median(p) for p in positions]
@@ -102,7 +114,8 @@ def table(summary: list[dict], costs: dict) -> str:
             "Leviathan prediction", "measured/predicted"]
     v = ", ".join(f"v({k})={x:.2f}" for k, x in costs["v"].items())
     return (markdown_table(head, rows) + f"\n\nCosts: target pass {costs['target_step_s'] * 1e3:.1f} ms, draft pass "
-            f"{costs['draft_step_s'] * 1e3:.1f} ms, c = {costs['c']:.3f}; {v}.")
+            f"{costs['draft_step_s'] * 1e3:.1f} ms, c = {costs['c']:.3f} (token draft), "
+            f"{costs['c_feature']:.3f} (feature draft); {v}.")
 
 
 def plot(summary: list[dict], name: str) -> None:
@@ -115,15 +128,17 @@ def plot(summary: list[dict], name: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for temperature, color in zip(sorted({s["temperature"] for s in summary}), ["tab:blue", "tab:orange"]):
-        ks = [s for s in summary if s["temperature"] == temperature and "k" in s]
-        ax.plot([s["k"] for s in ks], [s["speedup"] for s in ks], "o-", color=color, label=f"fast_generate T={temperature:g}")
-        ax.plot([s["k"] for s in ks], [s["predicted"] for s in ks], ":", color=color, label=f"Leviathan prediction T={temperature:g}")
+        for prefix, marker in (("k=", "o-"), ("feature k=", "s-")):
+            ks = [s for s in summary if s["temperature"] == temperature and s["method"].startswith(prefix)]
+            label = "fast_generate" if prefix == "k=" else "fast_generate, feature draft"
+            ax.plot([s["k"] for s in ks], [s["speedup"] for s in ks], marker, color=color, label=f"{label} T={temperature:g}")
+            ax.plot([s["k"] for s in ks], [s["predicted"] for s in ks], ":", color=color)
         hf = next(s for s in summary if s["temperature"] == temperature and s["method"] == "hf_assisted")
         ax.axhline(hf["speedup"], color=color, linestyle="--", alpha=0.6, label=f"HF assisted T={temperature:g}")
     ax.axhline(1.0, color="gray", linewidth=0.8)
     ax.set_xlabel("draft length k")
     ax.set_ylabel("speedup over the target alone (median)")
-    ax.set_title("SmolLM2-135M-Instruct + distilled draft, 2-core CPU")
+    ax.set_title("SmolLM2-135M-Instruct + distilled drafts, 2-core CPU (dotted: Leviathan)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png", dpi=120)

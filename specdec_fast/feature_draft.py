@@ -1,0 +1,159 @@
+"""A feature-level draft (in the manner of EAGLE): the draft reads the target's own last
+hidden states, so one small layer can predict what thirty layers compute.
+
+The draft's input at position j is ``fc([embed(x_j), h_{j-1}])``, where h_{j-1} is the
+target's final (normed) hidden state at position j - 1; one decoder layer and a final norm
+turn it into a predicted feature f_j, and the target's LM head rows over a token subset
+(:class:`~specdec_fast.drafts.RestrictedHead`) turn f_j into the draft's logits for x_{j+1}.
+While drafting, the target has not seen the drafted tokens yet, so the draft feeds its
+own f_j in place of h_j.
+
+Both models join the unchanged decoding loop as :class:`~specdec_fast.cached_lm.CachedLM`
+objects bound to each other by :func:`feature_pair`: :class:`FeatureTargetLM` records the
+target's hidden state at every cached position, and :class:`FeatureDraftLM` takes the
+target's features where the target has computed them and its own elsewhere. A draft
+position computed from its own features is dropped at the next rollback and recomputed
+from the target's (the loop re-feeds it), so the draft's cache only ever holds positions
+computed from true features. Losslessness does not depend on any of this: the verifier
+only needs the draft probabilities it was given.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .cached_lm import HFCachedLM, TransformersLM
+from .drafts import build_small_draft, load_draft_weights, read_draft_file, save_draft_weights, shipped_file
+
+
+class FeatureDraft(nn.Module):
+    """fc [2d -> d] + one decoder layer in the target's architecture (initialised from target
+    layer ``source_layer``) + the target's final norm + a frozen :class:`RestrictedHead` over
+    ``vocab_ids``; the token embeddings are the target's (shared).
+
+    ``lm`` is a regular one-layer transformers causal LM whose ``model`` runs on
+    ``inputs_embeds`` (so its cache, masks and rotary positions are transformers' own).
+    """
+
+    def __init__(self, target: nn.Module, vocab_ids: Tensor, source_layer: int):
+        super().__init__()
+        self.lm = build_small_draft(target, [source_layer], vocab_ids)
+        self.lm.lm_head.weight.requires_grad_(False)
+        d = target.config.hidden_size
+        self.fc = nn.Linear(2 * d, d, bias=False, dtype=target.dtype)
+        with torch.no_grad():  # start from "the previous feature plus a little of the token"
+            self.fc.weight.normal_(0, 0.02).diagonal(d).add_(1.0)
+        self.source_layer = source_layer
+
+    def features(self, ids: Tensor, prev: Tensor, attention_mask: Tensor | None = None, cache=None) -> Tensor:
+        """ids [B, L] int64, prev [B, L, d] (the target's feature of each previous position)
+        -> predicted features [B, L, d]."""
+        x = self.fc(torch.cat([self.lm.model.embed_tokens(ids), prev.to(self.fc.weight.dtype)], -1))
+        kwargs = {} if cache is None else dict(cache=cache, use_cache=True)
+        return self.lm.model(inputs_embeds=x, attention_mask=attention_mask, **kwargs).last_hidden_state
+
+
+class FeatureTargetLM(HFCachedLM):
+    """:class:`HFCachedLM` that also keeps the target's final hidden state of every cached
+    position (``features`` [cache_length, d])."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__(model)
+        self.generation_config = getattr(model, "generation_config", None)
+        self.features = torch.zeros(0, model.config.hidden_size, device=self.device)
+
+    def reset(self) -> None:
+        super().reset()
+        self.features = self.features[:0]
+
+    @torch.inference_mode()
+    def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
+        start = self.cache_length
+        hidden = self.model.model(input_ids=tokens.to(self.device)[None], use_cache=True,
+                                  **{self._cache_arg: self.cache}).last_hidden_state[0]
+        self.features = torch.cat([self.features[:start], hidden.float()])
+        return self.model.lm_head(hidden[-num_logits:])
+
+    def crop(self, length: int) -> None:
+        super().crop(length)
+        self.features = self.features[:length]
+
+
+class FeatureDraftLM(TransformersLM):
+    """:class:`CachedLM` over a :class:`FeatureDraft` reading ``target``'s features."""
+
+    def __init__(self, draft: FeatureDraft, target: FeatureTargetLM):
+        from transformers import DynamicCache
+
+        super().__init__(draft.lm)
+        self.draft = draft.eval()
+        self.target = target
+        self.vocab_size = target.vocab_size
+        self._new_cache = lambda: DynamicCache(config=draft.lm.config)
+        self.reset()
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def reset(self) -> None:
+        self.cache = self._new_cache()
+        self.true_length = 0  # leading positions computed from the target's own features
+        self.last_feature = None  # the draft's predicted feature of its last cached position
+
+    def _previous_features(self, start: int, n: int) -> tuple[Tensor, bool]:
+        """Features of positions start-1 .. start+n-2 and whether they are all the target's."""
+        known = self.target.features
+        if start + n - 1 <= len(known):
+            head = torch.zeros(1, known.shape[1], device=known.device) if start == 0 else known[start - 1 : start]
+            return torch.cat([head, known[start : start + n - 1]]), True
+        if n == 1 and self.last_feature is not None:
+            return self.last_feature[None], False
+        raise ValueError(f"the target's features of positions {len(known)}..{start + n - 2} are not known: "
+                         "feed the draft one token at a time beyond the target's cache")
+
+    @torch.inference_mode()
+    def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
+        start, n = self.cache_length, len(tokens)
+        prev, true = self._previous_features(start, n)
+        feats = self.draft.features(tokens.to(self.device)[None], prev[None], cache=self.cache)[0]
+        if true and self.true_length == start:
+            self.true_length = start + n
+        self.last_feature = feats[-1]
+        return self.draft.lm.lm_head(feats[-num_logits:])
+
+    def crop(self, length: int) -> None:
+        if length > self.cache_length:
+            raise ValueError(f"cannot crop a cache of {self.cache_length} tokens to {length}")
+        keep = min(length, self.true_length)  # positions drafted from own features are recomputed
+        if keep < self.cache_length:
+            self.cache.crop(keep - self.cache_length)
+            self.last_feature = None
+        self.true_length = keep
+
+
+def feature_pair(target: nn.Module, draft: FeatureDraft) -> tuple[FeatureTargetLM, FeatureDraftLM]:
+    """The (target, draft) pair to pass to :func:`~specdec_fast.generate.fast_generate`.
+
+    The two objects share state (the target's features): use them together, for one
+    generation at a time."""
+    target_lm = FeatureTargetLM(target)
+    return target_lm, FeatureDraftLM(draft, target_lm)
+
+
+def save_feature_draft(draft: FeatureDraft, path, metadata: dict[str, str]) -> None:
+    """Write the draft's own weights (fp16; not the shared embeddings) and ``metadata``."""
+    save_draft_weights(draft, path, {"kind": "feature", "source_layer": str(draft.source_layer), **metadata})
+
+
+def load_feature_draft(target: nn.Module, path) -> FeatureDraft:
+    """Rebuild a draft saved by :func:`save_feature_draft` around ``target``."""
+    metadata, state = read_draft_file(path)
+    draft = FeatureDraft(target, state["lm.lm_head.vocab_ids"], int(metadata["source_layer"]))
+    return load_draft_weights(draft, state, path)
+
+
+def default_feature_draft(target: nn.Module) -> FeatureDraft:
+    """The feature draft shipped for SmolLM2-135M-Instruct (card: specdec_fast/data/smollm2_feature_draft.md)."""
+    return load_feature_draft(target, shipped_file("smollm2_feature_draft.safetensors"))

@@ -1,0 +1,128 @@
+"""The feature-level draft (specdec_fast/feature_draft.py): lossless and greedy-exact in the
+loop, its cache equal to a from-scratch computation on true features after rollbacks,
+the target adapter equal to the plain one, save/load, misuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_fast import HFCachedLM, fast_generate
+from specdec_fast.feature_draft import FeatureDraft, feature_pair, load_feature_draft, save_feature_draft
+
+from conftest import tiny_llama
+from distribution import chi_square, counts
+from test_generate import PROMPT, exact_joint
+
+
+def feature_draft(target, vocab_ids=None, seed: int = 5) -> FeatureDraft:
+    """A feature draft with random (untrained) fc weights, so that it disagrees with the target."""
+    vocab_ids = torch.arange(target.config.vocab_size) if vocab_ids is None else vocab_ids
+    torch.manual_seed(seed)
+    draft = FeatureDraft(target, vocab_ids, source_layer=1)
+    with torch.no_grad():
+        draft.fc.weight.normal_(0, 0.3)
+    return draft.eval()
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 5, 0.8)])
+def test_feature_draft_is_lossless(tiny_pair, temperature, top_k, top_p):
+    """The joint of the first 3 tokens (k = 2: drafting from own features, rollback and
+    recompute) is the target's, with a draft restricted to 5 of the 8 tokens."""
+    target, _ = tiny_pair
+    t, d = feature_pair(target, feature_draft(target, torch.tensor([0, 1, 3, 4, 6])))
+    seqs = torch.tensor([fast_generate(t, d, PROMPT, max_new_tokens=3, num_draft_tokens=2, temperature=temperature,
+                                       top_k=top_k, top_p=top_p, seed=s, eos_token_id=()).tokens for s in range(4000)])
+    cells = (seqs[:, 0] * 8 + seqs[:, 1]) * 8 + seqs[:, 2]
+    stat, threshold, _ = chi_square(counts(cells, 512), exact_joint(target, PROMPT, 3, temperature, top_k, top_p))
+    assert stat < threshold
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_feature_draft_greedy_equals_target_greedy(k):
+    target = tiny_llama(7, vocab=16, layers=3)
+    t, d = feature_pair(target, feature_draft(target))
+    out = fast_generate(t, d, PROMPT, max_new_tokens=30, temperature=0.0, num_draft_tokens=k, eos_token_id=())
+    own = fast_generate(target, target, PROMPT, max_new_tokens=30, temperature=0.0, num_draft_tokens=1, eos_token_id=())
+    assert out.tokens == own.tokens
+    assert out.stats.draft_calls > 0
+
+
+def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair):
+    """After a generation with rejections, the draft's next-token logits equal the draft run
+    from scratch on the committed tokens with the target's features of all of them."""
+    target, _ = tiny_pair
+    draft = feature_draft(target)
+    t, d = feature_pair(target, draft)
+    out = fast_generate(t, d, PROMPT, max_new_tokens=12, num_draft_tokens=3, seed=0, eos_token_id=())
+    assert out.stats.accepted < out.stats.drafted  # there were rejections
+    ids = torch.tensor(PROMPT + out.tokens)
+    incremental = d.extend(ids[d.cache_length :], 1)[-1]
+    assert d.true_length == len(ids)
+    with torch.no_grad():
+        h = target.model(input_ids=ids[None]).last_hidden_state[0]
+        prev = torch.cat([torch.zeros(1, h.shape[1]), h[:-1]])
+        scratch = draft.lm.lm_head(draft.features(ids[None], prev[None]))[0, -1]
+    torch.testing.assert_close(incremental, scratch, rtol=1e-4, atol=1e-4)
+
+
+def test_feature_target_logits_equal_plain_adapter(tiny_pair):
+    target, _ = tiny_pair
+    t, _ = feature_pair(target, feature_draft(target))
+    plain = HFCachedLM(target)
+    ids = torch.tensor(PROMPT + [2, 5, 7])
+    torch.testing.assert_close(t.extend(ids[:4], 2), plain.extend(ids[:4], 2))
+    torch.testing.assert_close(t.extend(ids[4:], 3), plain.extend(ids[4:], 3))
+    assert t.features.shape == (7, target.config.hidden_size)
+    t.crop(5)
+    assert t.cache_length == 5
+
+
+def test_feature_draft_save_load_round_trip(tmp_path):
+    target = tiny_llama(3, vocab=16, layers=3)
+    draft = feature_draft(target, torch.arange(0, 16, 2))
+    path = tmp_path / "feature.safetensors"
+    save_feature_draft(draft, path, {"note": "test"})
+    loaded = load_feature_draft(target, path)
+    ids, prev = torch.tensor([PROMPT]), torch.randn(1, len(PROMPT), target.config.hidden_size)
+    with torch.no_grad():
+        torch.testing.assert_close(draft.features(ids, prev), loaded.features(ids, prev), rtol=1e-2, atol=1e-2)
+    assert loaded.lm.model.embed_tokens is target.get_input_embeddings()
+
+
+def test_draft_beyond_target_features_is_an_error(tiny_pair):
+    target, _ = tiny_pair
+    t, d = feature_pair(target, feature_draft(target))
+    t.extend(torch.tensor(PROMPT[:2]), 1)
+    with pytest.raises(ValueError, match="features of positions"):
+        d.extend(torch.tensor(PROMPT), 1)
+
+
+def test_distilling_a_feature_draft_lowers_its_loss(tmp_path):
+    """collect_features + train_feature on target continuations of random prompts: the trained
+    draft fits the target's distributions better than the untrained one it started from."""
+    from specdec_fast import distill
+
+    target = tiny_llama(8, vocab=64, layers=2)
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    with torch.no_grad():
+        for _ in range(16):
+            ids = target.generate(torch.randint(0, 64, (1, 4), generator=g), max_new_tokens=12, do_sample=True,
+                                  pad_token_id=0)[0]
+            top_ids, top_logp = distill._topk(target(ids[None]).logits[0, 3:-1])
+            rows.append(dict(ids=ids, start=3, top_ids=top_ids, top_logp=top_logp))
+    torch.save(rows, tmp_path / "gen_0000.pt")
+    distill.collect_features(target, tmp_path)
+    samples = distill.load_samples(tmp_path, ("feat_gen",))
+    assert samples[0]["features"].shape == (len(rows[0]["ids"]) - 1, target.config.hidden_size)
+    torch.manual_seed(0)
+    info = distill.train_feature(target, tmp_path, tmp_path / "f.safetensors", vocab_size=48, epochs=20, batch=4, lr=3e-3)
+    assert info["steps"] == 80
+    trained = load_feature_draft(target, tmp_path / "f.safetensors")
+    index = distill._restricted_index(trained.lm.lm_head.vocab_ids, 64)
+    torch.manual_seed(0)
+    untrained = FeatureDraft(target, trained.lm.lm_head.vocab_ids, trained.source_layer)
+    with torch.no_grad():
+        before, after = (distill.feature_loss(d, samples, index, torch.Generator().manual_seed(0)) for d in (untrained, trained))
+    assert after < 0.9 * before
