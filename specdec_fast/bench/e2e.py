@@ -64,7 +64,7 @@ def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int],
     target, draft = bench.target, bench.draft
     feature = feature_pair(target, use_skinny_linear(default_feature_draft(target)))
     ids = bench.prompt_ids(0)
-    costs = step_costs(target, draft, ids, max(lengths))
+    costs = step_costs(target, draft, ids, max(lengths + feature_lengths))
     costs["c_feature"] = step_costs(*feature, ids, 1)["c"]
 
     def speculative(pair, k: int):
