@@ -12,7 +12,7 @@ import torch
 from .prompts import chat_prompt_ids
 
 DATA = Path(__file__).parent / "data"
-DRAFT_FILES = {"token": DATA / "smollm2_draft.safetensors", "feature": DATA / "smollm2_feature_draft.safetensors"}
+DRAFT_KINDS = ("feature", "token")
 
 
 def _load_pair(args):
@@ -106,22 +106,23 @@ def _train_draft(args) -> int:
     import shlex
 
     from . import distill
-    from .drafts import load_small_draft
-    from .feature_draft import feature_pair, load_feature_draft
+    from .drafts import TOKEN_DRAFT_FILE, load_small_draft
+    from .feature_draft import FEATURE_DRAFT_FILE, feature_pair, load_feature_draft
     from .smollm2 import cache_root, load_smollm2
 
     target, tokenizer = load_smollm2()
     work = Path(args.work) if args.work else cache_root() / "distill"
     work.mkdir(parents=True, exist_ok=True)
-    out = Path(args.out) if args.out else DRAFT_FILES[args.kind]
+    out = Path(args.out) if args.out else DATA / (TOKEN_DRAFT_FILE if args.kind == "token" else FEATURE_DRAFT_FILE)
     distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens)
-    distill.collect_corpus(target, tokenizer, work, chunks=args.corpus_chunks)
-    torch.manual_seed(0)
     if args.kind == "token":
+        distill.collect_corpus(target, tokenizer, work, chunks=args.corpus_chunks)
+        torch.manual_seed(0)
         info = distill.train(target, work, out, args.layers, args.vocab, args.epochs, args.batch, args.lr)
         pair = target, load_small_draft(target, out)
     else:
         distill.collect_features(target, work)
+        torch.manual_seed(0)
         info = distill.train_feature(target, work, out, args.vocab, args.epochs, args.batch, args.lr)
         pair = feature_pair(target, load_feature_draft(target, out))
     acceptance = distill.heldout_acceptance(*pair, tokenizer, args.eval_tokens)
@@ -231,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     micro.set_defaults(run=_microbench)
 
     train = commands.add_parser("train-draft", parents=[common], help="distil the draft for SmolLM2-135M-Instruct (resumable)")
-    train.add_argument("--kind", choices=sorted(DRAFT_FILES), default="feature",
+    train.add_argument("--kind", choices=DRAFT_KINDS, default="feature",
                        help="feature: one layer on the target's hidden states (EAGLE-like); token: a small LM on tokens")
     train.add_argument("--out", help="the draft file (default: the shipped one of its kind, in specdec_fast/data)")
     train.add_argument("--work", help="folder for collected data and checkpoints (default: the user cache)")

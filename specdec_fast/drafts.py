@@ -127,6 +127,9 @@ def load_small_draft(target: torch.nn.Module, path) -> torch.nn.Module:
     return load_draft_weights(draft, state, path)
 
 
+TOKEN_DRAFT_FILE = "smollm2_draft.safetensors"
+
+
 def shipped_file(name: str):
     """Path of a draft file shipped in specdec_fast/data (``train-draft`` reproduces each)."""
     from importlib import resources
@@ -139,4 +142,4 @@ def shipped_file(name: str):
 
 def default_draft(target: torch.nn.Module) -> torch.nn.Module:
     """The distilled token-level draft shipped for SmolLM2-135M-Instruct (card: specdec_fast/data/smollm2_draft.md)."""
-    return load_small_draft(target, shipped_file("smollm2_draft.safetensors"))
+    return load_small_draft(target, shipped_file(TOKEN_DRAFT_FILE))

@@ -26,6 +26,8 @@ from torch import Tensor, nn
 from .cached_lm import HFCachedLM, TransformersLM
 from .drafts import build_small_draft, load_draft_weights, read_draft_file, save_draft_weights, shipped_file
 
+FEATURE_DRAFT_FILE = "smollm2_feature_draft.safetensors"
+
 
 class FeatureDraft(nn.Module):
     """fc [2d -> d] + one decoder layer in the target's architecture (initialised from target
@@ -46,12 +48,11 @@ class FeatureDraft(nn.Module):
             self.fc.weight.normal_(0, 0.02).diagonal(d).add_(1.0)
         self.source_layer = source_layer
 
-    def features(self, ids: Tensor, prev: Tensor, attention_mask: Tensor | None = None, cache=None) -> Tensor:
+    def features(self, ids: Tensor, prev: Tensor, attention_mask: Tensor | None = None, **cache_kwargs) -> Tensor:
         """ids [B, L] int64, prev [B, L, d] (the target's feature of each previous position)
-        -> predicted features [B, L, d]."""
+        -> predicted features [B, L, d]. ``cache_kwargs`` go to the transformers model (its cache)."""
         x = self.fc(torch.cat([self.lm.model.embed_tokens(ids), prev.to(self.fc.weight.dtype)], -1))
-        kwargs = {} if cache is None else dict(cache=cache, use_cache=True)
-        return self.lm.model(inputs_embeds=x, attention_mask=attention_mask, **kwargs).last_hidden_state
+        return self.lm.model(inputs_embeds=x, attention_mask=attention_mask, **cache_kwargs).last_hidden_state
 
 
 class FeatureTargetLM(HFCachedLM):
@@ -69,10 +70,9 @@ class FeatureTargetLM(HFCachedLM):
 
     @torch.inference_mode()
     def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
-        start = self.cache_length
         hidden = self.model.model(input_ids=tokens.to(self.device)[None], use_cache=True,
                                   **{self._cache_arg: self.cache}).last_hidden_state[0]
-        self.features = torch.cat([self.features[:start], hidden.float()])
+        self.features = torch.cat([self.features, hidden.float()])  # crop keeps it at cache_length rows
         return self.model.lm_head(hidden[-num_logits:])
 
     def crop(self, length: int) -> None:
@@ -117,7 +117,8 @@ class FeatureDraftLM(TransformersLM):
     def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
         start, n = self.cache_length, len(tokens)
         prev, true = self._previous_features(start, n)
-        feats = self.draft.features(tokens.to(self.device)[None], prev[None], cache=self.cache)[0]
+        feats = self.draft.features(tokens.to(self.device)[None], prev[None], use_cache=True,
+                                    **{self._cache_arg: self.cache})[0]
         if true and self.true_length == start:
             self.true_length = start + n
         self.last_feature = feats[-1]
@@ -156,4 +157,4 @@ def load_feature_draft(target: nn.Module, path) -> FeatureDraft:
 
 def default_feature_draft(target: nn.Module) -> FeatureDraft:
     """The feature draft shipped for SmolLM2-135M-Instruct (card: specdec_fast/data/smollm2_feature_draft.md)."""
-    return load_feature_draft(target, shipped_file("smollm2_feature_draft.safetensors"))
+    return load_feature_draft(target, shipped_file(FEATURE_DRAFT_FILE))
