@@ -24,12 +24,13 @@ def _load_pair(args):
     from .drafts import early_exit_draft, load_small_draft, read_draft_file
     from .feature_draft import feature_pair, load_feature_draft
     from .linear import use_skinny_linear
-    from .smollm2 import load_default_pair, load_feature_pair, load_smollm2
+    from .smollm2 import load_pair, load_smollm2
 
-    if not (args.target or args.draft or args.draft_layers):
-        return load_default_pair()
-    if args.draft == "feature" and not args.target:
-        return load_feature_pair()
+    if not (args.target or args.draft_layers) and args.draft in (None, *DRAFT_KINDS):
+        return load_pair(args.draft or DRAFT_KINDS[0])
+    if args.draft in DRAFT_KINDS:
+        raise SystemExit(f"--draft {args.draft} is a draft shipped for SmolLM2; with --target, pass a draft checkpoint or "
+                         "--draft-layers")
     if args.target:
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -48,13 +49,13 @@ def _load_pair(args):
 
 
 def _policy(args):
-    """The draft-length policy: the shipped learned one for the default pair, else a fixed length."""
-    from .learned_policy import default_policy
+    """The draft-length policy: the shipped learned one for a shipped SmolLM2 draft, else a fixed length."""
+    from .learned_policy import POLICY_FILES, default_policy
     from .policy import FixedDraftLength
 
-    if args.num_draft_tokens is not None or args.target or args.draft or args.draft_layers:
+    if args.num_draft_tokens is not None or args.target or args.draft_layers or args.draft not in (None, *DRAFT_KINDS):
         return FixedDraftLength(args.num_draft_tokens if args.num_draft_tokens is not None else 4)
-    return default_policy(args.verifier)
+    return default_policy(args.verifier, POLICY_FILES[args.draft or DRAFT_KINDS[0]])
 
 
 def _generate(args) -> int:
@@ -114,7 +115,8 @@ def _train_draft(args) -> int:
     work = Path(args.work) if args.work else cache_root() / "distill"
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else DATA / (TOKEN_DRAFT_FILE if args.kind == "token" else FEATURE_DRAFT_FILE)
-    distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens)
+    distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens,
+                                 responses=args.responses, num_prompts=args.prompts)
     if args.kind == "token":
         distill.collect_corpus(target, tokenizer, work, chunks=args.corpus_chunks)
         torch.manual_seed(0)
@@ -128,6 +130,7 @@ def _train_draft(args) -> int:
     acceptance = distill.heldout_acceptance(*pair, tokenizer, args.eval_tokens)
     command = "specdec-fast train-draft " + " ".join(shlex.quote(a) for a in args.argv)
     card = out.with_suffix(".md")
+    info |= dict(responses=args.responses, num_prompts=len(distill.training_prompts()[: args.prompts]))
     distill.write_card(card, args.kind, out.name, info, acceptance, args.eval_tokens, out.stat().st_size / 1e6, command)
     print(json.dumps(dict(info, heldout_acceptance=acceptance), indent=2))
     return 0
@@ -136,19 +139,24 @@ def _train_draft(args) -> int:
 def _train_policy(args) -> int:
     from . import train_policy
 
-    metadata = train_policy.run(Path(args.out), args.prompts, args.temperatures, args.max_new_tokens, args.max_draft)
+    from .learned_policy import POLICY_FILES
+
+    out = Path(args.out) if args.out else POLICY_FILES[args.draft]
+    metadata = train_policy.run(out, args.prompts, args.temperatures, args.max_new_tokens, args.max_draft,
+                                draft_kind=args.draft)
     print("calibration (held-out 20% of the training prompts): decile, predicted, observed acceptance")
     for row in metadata["calibration"]:
         print(f"  {row['decile']:2d}  {row['predicted']:.3f}  {row['observed']:.3f}  (n={row['n']})")
     print(f"{metadata['rows']} drafted tokens from {metadata['prompts']} prompts in {metadata['minutes']:.1f} min; "
-          f"written to {args.out}")
+          f"written to {out}")
     return 0
 
 
 def _policies(args) -> int:
     from .bench import policies
 
-    data = policies.run(args.prompts, args.temperatures, args.max_new_tokens, args.lengths)
+    data = policies.run(args.prompts, args.temperatures, args.max_new_tokens, args.lengths, args.draft,
+                        out_name=f"policies_{args.draft}")
     print(policies.table(data))
     return 0
 
@@ -197,15 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     gen = commands.add_parser("generate", parents=[common], help="generate text with speculative decoding and print statistics")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--target", help="transformers checkpoint folder of the target (default: SmolLM2-135M-Instruct)")
-    gen.add_argument("--draft", help="draft: a transformers checkpoint folder, a .safetensors file from train-draft, or "
-                     "'feature' for the shipped feature draft (default: the token-level draft shipped for SmolLM2)")
+    gen.add_argument("--draft", help="draft: 'feature' (default) or 'token', the drafts shipped for SmolLM2, or a "
+                     "transformers checkpoint folder, or a .safetensors file from train-draft")
     gen.add_argument("--draft-layers", type=int, default=0, help="instead: the target's first N layers as the draft")
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--num-draft-tokens", "-k", type=int, default=None,
-                     help="a fixed draft length (default: the learned cost-aware policy for the default pair, 4 otherwise)")
+                     help="a fixed draft length (default: the learned cost-aware policy of a shipped draft, 4 otherwise)")
     gen.add_argument("--verifier", choices=["token", "block"], default="token")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
@@ -241,15 +249,18 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--batch", type=int, default=16)
     train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--gen-batch", type=int, default=16)
+    train.add_argument("--gen-batch", type=int, default=16, help="prompts per target generate call")
+    train.add_argument("--responses", type=int, default=1, help="target responses collected per training prompt")
+    train.add_argument("--prompts", type=int, default=None, help="only the first N training prompts (default: all)")
     train.add_argument("--gen-tokens", type=int, default=128)
     train.add_argument("--corpus-chunks", type=int, default=384)
     train.add_argument("--eval-tokens", type=int, default=64)
     train.set_defaults(run=_train_draft)
 
     tp = commands.add_parser("train-policy", parents=[common],
-                             help="traces of the default pair -> the learned draft-length policy (data/policy.safetensors)")
-    tp.add_argument("--out", default=str(DATA / "policy.safetensors"))
+                             help="traces of a SmolLM2 pair -> its learned draft-length policy (data/policy*.safetensors)")
+    tp.add_argument("--draft", choices=DRAFT_KINDS, default=DRAFT_KINDS[0], help="the shipped draft traced")
+    tp.add_argument("--out", help="default: the shipped policy file of that draft")
     tp.add_argument("--prompts", type=int, default=40, help="training prompts traced (the last 20%% calibrate)")
     tp.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     tp.add_argument("--max-new-tokens", type=int, default=64)
@@ -261,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     pol.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     pol.add_argument("--max-new-tokens", type=int, default=64)
     pol.add_argument("--lengths", type=int, nargs="+", default=[1, 2, 3, 4, 6], help="fixed draft lengths compared")
+    pol.add_argument("--draft", choices=DRAFT_KINDS, default=DRAFT_KINDS[0], help="the shipped SmolLM2 draft")
     pol.set_defaults(run=_policies)
 
     lb = commands.add_parser("linear-bench", parents=[common], help="skinny linear kernel vs F.linear (benchmarks/linear.py)")

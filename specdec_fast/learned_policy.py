@@ -24,7 +24,9 @@ from torch import nn
 from .policy import FEATURES, MDPState, SpeculativePolicy
 
 RATIO_CAP = 4.0  # the ratio head predicts E[min(RATIO_CAP, p/q)] / RATIO_CAP
-DEFAULT_ARTIFACT = Path(__file__).parent / "data" / "policy.safetensors"
+# The shipped policies, one per SmolLM2 draft kind (``specdec-fast train-policy --draft KIND``).
+POLICY_FILES = {"token": Path(__file__).parent / "data" / "policy.safetensors",
+                "feature": Path(__file__).parent / "data" / "policy_feature.safetensors"}
 
 
 class FeatureMLP(nn.Module):
@@ -234,7 +236,7 @@ def save_policy(path: Path, predictor: AcceptancePredictor, value: ValueNetwork,
     save_file(tensors, str(path), metadata={"specdec_fast": json.dumps(metadata)})
 
 
-def load_policy(path: Path = DEFAULT_ARTIFACT) -> tuple[AcceptancePredictor, ValueNetwork, PolicyNetwork, dict]:
+def load_policy(path: Path = POLICY_FILES["token"]) -> tuple[AcceptancePredictor, ValueNetwork, PolicyNetwork, dict]:
     """The networks and metadata written by :func:`save_policy` (``specdec-fast train-policy``)."""
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -248,8 +250,10 @@ def load_policy(path: Path = DEFAULT_ARTIFACT) -> tuple[AcceptancePredictor, Val
     return (*nets, metadata)
 
 
-def default_policy(verifier: str = "token", path: Path = DEFAULT_ARTIFACT, max_draft_tokens: int = 8) -> CostAwarePolicy:
-    """The shipped cost-aware policy (trained on the default SmolLM2 pair), with its measured cost priors."""
+def default_policy(verifier: str = "token", path: Path = POLICY_FILES["token"], max_draft_tokens: int = 8) -> CostAwarePolicy:
+    """A shipped cost-aware policy with its measured cost priors: by default the one trained on the
+    SmolLM2 token-draft pair (batch_generate's pair); ``POLICY_FILES["feature"]`` is the feature
+    pair's (the main job's)."""
     predictor, _, _, metadata = load_policy(path)
     costs = CostModel(metadata["draft_step_s"], {int(n): s for n, s in metadata["target_pass_s"].items()})
     return CostAwarePolicy(predictor, costs, verifier=verifier, max_draft_tokens=max_draft_tokens)

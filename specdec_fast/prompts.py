@@ -56,6 +56,53 @@ CODE_TEMPLATES = [
 ]
 
 
+# Everyday situations and the writing tasks people ask an assistant about them (added after
+# the first 816 prompts, so the stored shards of earlier collections keep their prompts).
+SITUATIONS = [
+    "a job interview", "a birthday party", "moving to a new city", "learning a new language", "saving money",
+    "the first day at a new school", "a lost dog", "a road trip", "cooking dinner for friends", "a noisy neighbour",
+    "starting a small business", "a power outage", "a science fair", "training for a marathon", "visiting grandparents",
+    "a museum visit", "adopting a cat", "writing a resume", "a team meeting", "a wedding speech",
+    "a flat tyre", "a school reunion", "volunteering at an animal shelter", "a missed flight", "painting a room",
+    "a chess tournament", "a surprise party", "buying a used car", "a family picnic", "a delayed train",
+    "organizing a closet", "a book club", "a thunderstorm at night", "a new puppy", "a cooking competition",
+    "a broken phone screen", "learning to swim", "a farewell party for a colleague", "a group project",
+    "a visit to the dentist", "a garage sale", "a long winter", "a football match", "a charity run",
+]
+
+SITUATION_TEMPLATES = [
+    "Write a short email to a friend about {}.",
+    "Give me five tips for {}.",
+    "Write a diary entry about {}.",
+    "Write a short dialogue between two people about {}.",
+    "Write a short story about {}.",
+    "Make a checklist for {}.",
+    "What are common mistakes people make with {}?",
+    "Write a formal letter about {}.",
+    "Describe {} in vivid detail.",
+    "Explain step by step how to prepare for {}.",
+    "Write a funny short story about {}.",
+    "Write a short news report about {}.",
+    "Summarize the most important advice about {} in a short paragraph.",
+    "Write a text message inviting someone to {}.",
+]
+
+MORE_CODE_TASKS = [
+    "parses a date string", "computes the n-th triangular number", "checks whether a year is a leap year",
+    "returns the unique elements of a list", "counts the lines of a file", "computes the dot product of two vectors",
+    "transposes a matrix", "converts a string to title case", "finds the mode of a list", "rotates a list by k positions",
+    "checks whether parentheses in a string are balanced", "computes compound interest",
+    "splits a list into chunks of size n", "finds all divisors of a number", "removes the vowels from a string",
+    "returns the intersection of two lists",
+]
+
+MORE_CODE_TEMPLATES = [
+    "Write a Python function that {} and show an example call.",
+    "Write a Go function that {}.",
+    "Write a Rust function that {}.",
+]
+
+
 def heldout_prompts() -> list[dict]:
     """The held-out evaluation set: [{"kind": instruction|prose|code|qa, "prompt": str}], 34 prompts."""
     text = resources.files("specdec_fast.data").joinpath("heldout_prompts.json").read_text()
@@ -63,9 +110,12 @@ def heldout_prompts() -> list[dict]:
 
 
 def training_prompts() -> list[str]:
-    """Templated prompts for distillation (816), none of them in the held-out set."""
+    """Templated prompts for distillation (1,616), none of them in the held-out set."""
     prompts = [t.format(x) for t, x in itertools.product(TEMPLATES, TOPICS)]
     prompts += [t.format(x) for t, x in itertools.product(CODE_TEMPLATES, CODE_TASKS)]
+    prompts += [t.format(x) for t, x in itertools.product(SITUATION_TEMPLATES, SITUATIONS)]
+    prompts += [t.format(x) for t, x in itertools.product(CODE_TEMPLATES + MORE_CODE_TEMPLATES, MORE_CODE_TASKS)]
+    prompts += [t.format(x) for t, x in itertools.product(MORE_CODE_TEMPLATES, CODE_TASKS)]
     held = {p["prompt"] for p in heldout_prompts()}
     return [p for p in prompts if p not in held]
 

@@ -101,9 +101,10 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device 
     return model, tokenizer
 
 
-def load_default_pair():
-    """The default pair for speed: SmolLM2-135M-Instruct and the shipped distilled draft (fp32, CPU),
-    both with :func:`~specdec_fast.linear.use_skinny_linear`. Returns (target, draft, tokenizer)."""
+def load_token_pair():
+    """SmolLM2-135M-Instruct and the shipped token-level draft, both transformers models (fp32, CPU,
+    :func:`~specdec_fast.linear.use_skinny_linear`), for every path that needs models rather than
+    bound CachedLMs (batch_generate, transformers' assisted generation). Returns (target, draft, tokenizer)."""
     from .drafts import default_draft
     from .linear import use_skinny_linear
 
@@ -122,3 +123,12 @@ def load_feature_pair():
     target, tokenizer = load_smollm2()
     draft = use_skinny_linear(default_feature_draft(target))
     return (*feature_pair(use_skinny_linear(target), draft), tokenizer)
+
+
+def load_pair(draft: str):
+    """The SmolLM2 pair with the shipped draft of kind ``draft`` ("feature": :func:`load_feature_pair`,
+    the default of the main job; "token": :func:`load_token_pair`). Returns (target, draft, tokenizer)."""
+    loaders = {"feature": load_feature_pair, "token": load_token_pair}
+    if draft not in loaders:
+        raise ValueError(f"draft must be one of {sorted(loaders)}, got {draft!r}")
+    return loaders[draft]()

@@ -30,7 +30,7 @@ from .learned_policy import (RATIO_CAP, AcceptancePredictor, PolicyNetwork, Valu
 from .policy import FEATURES, MDPState, SpeculativePolicy
 from .prompts import chat_prompt_ids, training_prompts
 from .sampling import warp_logits
-from .smollm2 import load_default_pair
+from .smollm2 import load_pair
 
 
 class TraceRecorder(SpeculativePolicy):
@@ -177,8 +177,9 @@ def trace_throughput(traces: dict, rows: torch.Tensor, network, costs: dict) -> 
     return tokens / seconds
 
 
-def run(out: Path, prompts: int, temperatures: list[float], max_new_tokens: int, max_draft: int, hidden: int = 32) -> dict:
-    target, draft, tokenizer = load_default_pair()
+def run(out: Path, prompts: int, temperatures: list[float], max_new_tokens: int, max_draft: int, hidden: int = 32,
+        draft_kind: str = "feature") -> dict:
+    target, draft, tokenizer = load_pair(draft_kind)
     chosen = training_prompts()[:: max(1, len(training_prompts()) // prompts)][:prompts]
     start = time.perf_counter()
     traces = collect_traces(target, draft, tokenizer, chosen, temperatures, max_new_tokens, max_draft)
@@ -191,7 +192,7 @@ def run(out: Path, prompts: int, temperatures: list[float], max_new_tokens: int,
     value, policy, throughput = fit_value_networks(traces, train, costs, hidden)
     metadata = dict(hidden=hidden, features=list(FEATURES), draft_step_s=costs["draft_step_s"],
                     target_pass_s={str(n): s for n, s in costs["target_pass_s"].items()}, ratio_cap=RATIO_CAP,
-                    max_draft=max_draft, temperatures=temperatures, prompts=len(chosen), rows=len(traces["accept"]),
+                    max_draft=max_draft, draft=draft_kind, temperatures=temperatures, prompts=len(chosen), rows=len(traces["accept"]),
                     calibration=calibration(predictor, traces, ~train), value_throughput=throughput,
                     minutes=(time.perf_counter() - start) / 60)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -57,3 +57,16 @@ def test_early_exit_draft_shares_weights_and_leaves_target_intact():
     assert len(draft.model.layers) == 2 and draft.model.layers[1] is target.model.layers[1]
     out = fast_generate(target, draft, PROMPT, max_new_tokens=12, temperature=0.0, eos_token_id=())
     assert out.tokens == fast_generate(target, target, PROMPT, max_new_tokens=12, temperature=0.0, eos_token_id=()).tokens
+
+
+def test_generation_groups_cover_each_missing_shard_once(tmp_path):
+    """collect_generations' plan: every (response, shard) not yet stored exactly once, groups of at
+    most batch // SHARD shards, greedy only for the first response of every fourth shard."""
+    from specdec_fast.distill import SHARD, _generation_groups
+
+    (tmp_path / "gen_r1_0002.pt").touch()
+    groups = _generation_groups(tmp_path, num_prompts=5 * SHARD - 3, responses=2, batch=2 * SHARD)
+    pairs = [pair for _, group in groups for pair in group]
+    assert sorted(pairs) == sorted({(r, s) for r in range(2) for s in range(5)} - {(1, 2)})
+    assert all(len(group) <= 2 for _, group in groups)
+    assert all(greedy == (r == 0 and s % 4 == 0) for greedy, group in groups for r, s in group)

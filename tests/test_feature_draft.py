@@ -112,7 +112,7 @@ def test_distilling_a_feature_draft_lowers_its_loss(tmp_path):
                                   pad_token_id=0)[0]
             top_ids, top_logp = distill._topk(target(ids[None]).logits[0, 3:-1])
             rows.append(dict(ids=ids, start=3, top_ids=top_ids, top_logp=top_logp))
-    torch.save(rows, tmp_path / "gen_0000.pt")
+    torch.save(rows, tmp_path / "gen_r0_0000.pt")
     distill.collect_features(target, tmp_path)
     samples = distill.load_samples(tmp_path, ("feat_gen",))
     assert samples[0]["features"].shape == (len(rows[0]["ids"]) - 1, target.config.hidden_size)

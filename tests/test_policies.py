@@ -8,8 +8,8 @@ import torch
 
 import specdec_fast
 from specdec_fast import HFCachedLM, fast_generate, generate_autoregressive
-from specdec_fast.learned_policy import (AcceptancePredictor, CostAwarePolicy, CostModel, NetworkPolicy, ValueNetwork,
-                                         default_policy, load_policy, save_policy)
+from specdec_fast.learned_policy import (POLICY_FILES, AcceptancePredictor, CostAwarePolicy, CostModel, NetworkPolicy,
+                                         ValueNetwork, default_policy, load_policy, save_policy)
 from specdec_fast.monitoring import AdaptiveMonitoringSystem
 from specdec_fast.policy import (FEATURES, ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule,
                                  MDPState, SpeculativePolicy)
@@ -147,11 +147,12 @@ def test_save_and_load_round_trip(tmp_path):
     assert default_policy(path=path).costs.target(2) == pytest.approx(0.12)
 
 
-def test_shipped_policy_loads_with_its_calibration():
-    predictor, value, policy, metadata = load_policy()
+@pytest.mark.parametrize("draft", sorted(POLICY_FILES))
+def test_shipped_policy_loads_with_its_calibration(draft):
+    predictor, value, policy, metadata = load_policy(POLICY_FILES[draft])
     assert metadata["rows"] > 1000 and len(metadata["calibration"]) == 10
     assert metadata["draft_step_s"] > 0 and metadata["target_pass_s"]["1"] > 0
-    assert isinstance(default_policy("block"), CostAwarePolicy)
+    assert isinstance(default_policy("block", POLICY_FILES[draft]), CostAwarePolicy)
 
 
 def test_the_oracle_is_not_a_user_policy():

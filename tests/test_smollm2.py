@@ -52,6 +52,17 @@ def test_greedy_equals_target_greedy(smollm2, draft_kind):
         assert ours.stats.acceptance_rate == 1.0
 
 
+def test_shipped_feature_pair_greedy_equals_target_greedy():
+    """The main job's default pair (SmolLM2 + the shipped feature draft), greedy: token for token the
+    target's own greedy decoding, with drafts accepted along the way."""
+    target_lm, draft_lm, tokenizer = smollm2_module.load_feature_pair()
+    ids = chat_prompt_ids(tokenizer, PROMPT, chat=True)
+    ours = fast_generate(target_lm, draft_lm, ids, max_new_tokens=32, temperature=0.0, num_draft_tokens=3, eos_token_id=())
+    baseline = generate_autoregressive(target_lm, ids, max_new_tokens=32, temperature=0.0, eos_token_id=())
+    assert ours.tokens == baseline.tokens
+    assert ours.stats.accepted > 0
+
+
 def test_sampling_is_reproducible_and_text_prompts_work(smollm2):
     """Same seed, same text; a text prompt + tokenizer is the same as its token ids."""
     model, tokenizer = smollm2
@@ -63,8 +74,11 @@ def test_sampling_is_reproducible_and_text_prompts_work(smollm2):
     assert from_text.text == from_ids.text and len(from_text.tokens) == 12 and from_text.text.strip()
 
 
-def test_cli_generate_prints_text_and_stats(capsys):
-    assert main(["generate", "--prompt", "What is the capital of France?", "--max-new-tokens", "8", "--json", "--baseline"]) == 0
+@pytest.mark.parametrize("draft", [[], ["--draft", "token"]], ids=["default-feature-draft", "token-draft"])
+def test_cli_generate_prints_text_and_stats(capsys, draft):
+    """The main job with each shipped draft and its shipped learned policy."""
+    assert main(["generate", "--prompt", "What is the capital of France?", "--max-new-tokens", "8", "--json", "--baseline",
+                 *draft]) == 0
     report = json.loads(capsys.readouterr().out)
     assert "Paris" in report["text"]
     stats = report["speculative"]

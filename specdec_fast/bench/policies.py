@@ -24,7 +24,7 @@ import statistics
 import torch
 
 from ..generate import fast_generate, generate_autoregressive
-from ..learned_policy import NetworkPolicy, default_policy, load_policy
+from ..learned_policy import POLICY_FILES, NetworkPolicy, default_policy, load_policy
 from ..ops import verify
 from ..policy import ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule
 from .common import machine, markdown_table, write_results
@@ -32,15 +32,15 @@ from .e2e import step_costs
 from .efficiency import EfficiencyBenchmark, plot_speedups
 
 
-def policy_factories(lengths: list[int]) -> dict:
-    """name -> (verifier -> a fresh policy)."""
-    _, value, policy, _ = load_policy()
+def policy_factories(lengths: list[int], draft: str) -> dict:
+    """name -> (verifier -> a fresh policy); the learned ones are those shipped for ``draft``."""
+    _, value, policy, _ = load_policy(POLICY_FILES[draft])
     factories = {f"fixed k={k}": (lambda v, k=k: FixedDraftLength(k)) for k in lengths}
     return factories | {
         "heuristic": lambda v: HeuristicSchedule(),
         "confidence": lambda v: ConfidenceThreshold(),
         "entropy (AdaEDL)": lambda v: EntropyStop(),
-        "learned cost-aware": lambda v: default_policy(v),
+        "learned cost-aware": lambda v: default_policy(v, POLICY_FILES[draft]),
         "value network": lambda v: NetworkPolicy(value),
         "policy network": lambda v: NetworkPolicy(policy),
     }
@@ -62,8 +62,8 @@ def oracle(rounds: list[tuple[int, int]], new_tokens: int, costs: dict, k: int) 
 
 
 def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, lengths: list[int],
-        out_name: str = "policies") -> dict:
-    bench = EfficiencyBenchmark.default(num_prompts, max_new_tokens=max_new_tokens, temperatures=temperatures)
+        draft_kind: str = "feature", out_name: str = "policies_feature") -> dict:
+    bench = EfficiencyBenchmark.default(num_prompts, draft_kind, max_new_tokens=max_new_tokens, temperatures=temperatures)
     target, draft = bench.target, bench.draft
     costs = step_costs(target, draft, bench.prompt_ids(0), max(lengths) + 1)
     traced_name = f"fixed k={max(lengths)}"
@@ -95,7 +95,7 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
 
     methods = {"target alone": alone} | {f"{name} | {verifier}": speculative(name, make, verifier)
                                          for verifier in ("token", "block")
-                                         for name, make in policy_factories(lengths).items()}
+                                         for name, make in policy_factories(lengths, draft_kind).items()}
     runs = bench.run(methods, desc="policies")
     same_drafts = []
     for r in [r for r in runs if "oracle" in r]:
@@ -108,7 +108,7 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
                    gain=statistics.median(r["block"] / r["token"] for r in same_drafts if r["temperature"] == t))
               for t in temperatures]
     data = dict(machine=machine(), costs=costs, settings=dict(prompts=len(bench.prompts), max_new_tokens=max_new_tokens,
-                                                              temperatures=temperatures, lengths=lengths),
+                                                              temperatures=temperatures, lengths=lengths, draft=draft_kind),
                 summary=summary, same_drafts=paired, runs=runs, same_drafts_runs=same_drafts)
     write_results(out_name, data, table(data))
     plot_speedups(summary, out_name, "draft-length policies")
@@ -136,6 +136,6 @@ def table(data: dict) -> str:
     k = data["settings"]["lengths"][-1]
     same = markdown_table(["T", f"token-wise tokens/round (k={k})", "block tokens/round", "block / token (median over prompts)"],
                           [[f"{p['temperature']:g}", p["token"], p["block"], p["gain"]] for p in data["same_drafts"]])
-    return (markdown_table(head, rows) + f"\n\nCosts: target pass {c['target_step_s'] * 1e3:.1f} ms, draft pass "
+    return (markdown_table(head, rows) + f"\n\nDraft: the shipped {data['settings']['draft']} draft. Costs: target pass {c['target_step_s'] * 1e3:.1f} ms, draft pass "
             f"{c['draft_step_s'] * 1e3:.1f} ms; v(k) = " + ", ".join(f"{x:.2f}" for x in c["v"].values()) + "."
             + "\n\nBlock vs token-wise verification on the same drafts (expected tokens per round):\n\n" + same)

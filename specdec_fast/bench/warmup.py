@@ -23,8 +23,8 @@ from specdec_fast import fast_generate, warmup
 from specdec_fast.learned_policy import default_policy
 from specdec_fast.prompts import chat_prompt_ids
 start = time.perf_counter()
-from specdec_fast.smollm2 import load_default_pair
-target, draft, tokenizer = load_default_pair()
+from specdec_fast.smollm2 import load_token_pair
+target, draft, tokenizer = load_token_pair()
 loaded = time.perf_counter()
 warm_s = warmup(target, draft) if {warm} else 0.0
 ids = chat_prompt_ids(tokenizer, "Explain why the sky is blue.", chat=True)
