@@ -29,8 +29,8 @@ def _load_pair(args):
     if not (args.target or args.draft_layers) and args.draft in (None, *DRAFT_KINDS):
         return load_pair(args.draft or DRAFT_KINDS[0])
     if args.draft in DRAFT_KINDS:
-        raise SystemExit(f"--draft {args.draft} is a draft shipped for SmolLM2; with --target, pass a draft checkpoint or "
-                         "--draft-layers")
+        raise SystemExit(f"--draft {args.draft} (a draft shipped for SmolLM2) cannot be combined with --target or "
+                         "--draft-layers; pass a draft checkpoint instead")
     if args.target:
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(args.target)
@@ -138,7 +138,6 @@ def _train_draft(args) -> int:
 
 def _train_policy(args) -> int:
     from . import train_policy
-
     from .learned_policy import POLICY_FILES
 
     out = Path(args.out) if args.out else POLICY_FILES[args.draft]
