@@ -1,9 +1,11 @@
 """Distil a small draft for a target (``specdec-fast train-draft``).
 
 Stage 1 (collect) runs the target once and stores what the draft must learn: for the
-target's own chat responses to the training prompts (sampled at temperature 1, every
-fourth batch greedy) and for chunks of offline corpora (Shakespeare, the KJV Bible), the
-target's top-k next-token log-probabilities at every position. Stage 2 (train) fits the
+target's own chat responses to the training prompts (sampled at temperature 1; the first
+response greedy on every fourth shard of 16 prompts) and, for the token draft, chunks of
+offline corpora (Shakespeare, the KJV Bible), the target's top-k next-token
+log-probabilities at every position (the feature draft also stores the target's final
+hidden states). Stage 2 (train) fits the
 draft to those distributions (cross-entropy to the target's soft labels = KL up to a
 constant). Both stages write to a work folder and resume where they stopped.
 
@@ -43,10 +45,10 @@ def _generation_groups(work: Path, num_prompts: int, responses: int, batch: int)
     Response 0 is greedy on every fourth shard; every other (response, shard) is sampled at T=1."""
     shards = math.ceil(num_prompts / SHARD)
     todo = [(r, s) for r in range(responses) for s in range(shards) if not (work / f"gen_r{r}_{s:04d}.pt").exists()]
+    size = max(1, batch // SHARD)
     groups = []
     for greedy in (True, False):
         part = [(r, s) for r, s in todo if (r == 0 and s % 4 == 0) == greedy]
-        size = max(1, batch // SHARD)
         groups += [(greedy, part[i : i + size]) for i in range(0, len(part), size)]
     return groups
 

@@ -32,15 +32,15 @@ from .e2e import step_costs
 from .efficiency import EfficiencyBenchmark, plot_speedups
 
 
-def policy_factories(lengths: list[int], draft: str) -> dict:
-    """name -> (verifier -> a fresh policy); the learned ones are those shipped for ``draft``."""
-    _, value, policy, _ = load_policy(POLICY_FILES[draft])
+def policy_factories(lengths: list[int], draft_kind: str) -> dict:
+    """name -> (verifier -> a fresh policy); the learned ones are those shipped for ``draft_kind``."""
+    _, value, policy, _ = load_policy(POLICY_FILES[draft_kind])
     factories = {f"fixed k={k}": (lambda v, k=k: FixedDraftLength(k)) for k in lengths}
     return factories | {
         "heuristic": lambda v: HeuristicSchedule(),
         "confidence": lambda v: ConfidenceThreshold(),
         "entropy (AdaEDL)": lambda v: EntropyStop(),
-        "learned cost-aware": lambda v: default_policy(v, POLICY_FILES[draft]),
+        "learned cost-aware": lambda v: default_policy(v, POLICY_FILES[draft_kind]),
         "value network": lambda v: NetworkPolicy(value),
         "policy network": lambda v: NetworkPolicy(policy),
     }
