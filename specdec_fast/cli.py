@@ -15,6 +15,13 @@ DATA = Path(__file__).parent / "data"
 DRAFT_KINDS = ("feature", "token")
 
 
+def _shipped_draft(args) -> str | None:
+    """The kind of shipped SmolLM2 draft the flags ask for, or None (another target or draft)."""
+    if args.target or args.draft_layers or args.draft not in (None, *DRAFT_KINDS):
+        return None
+    return args.draft or DRAFT_KINDS[0]
+
+
 def _load_pair(args):
     """The target, draft and tokenizer the flags ask for (default: the SmolLM2 pair), with skinny
     linear layers on the CPU (specdec_fast/linear.py). A feature draft comes as its bound pair of
@@ -26,8 +33,8 @@ def _load_pair(args):
     from .linear import use_skinny_linear
     from .smollm2 import load_pair, load_smollm2
 
-    if not (args.target or args.draft_layers) and args.draft in (None, *DRAFT_KINDS):
-        return load_pair(args.draft or DRAFT_KINDS[0])
+    if _shipped_draft(args):
+        return load_pair(_shipped_draft(args))
     if args.draft in DRAFT_KINDS:
         raise SystemExit(f"--draft {args.draft} (a draft shipped for SmolLM2) cannot be combined with --target or "
                          "--draft-layers; pass a draft checkpoint instead")
@@ -53,9 +60,9 @@ def _policy(args):
     from .learned_policy import POLICY_FILES, default_policy
     from .policy import FixedDraftLength
 
-    if args.num_draft_tokens is not None or args.target or args.draft_layers or args.draft not in (None, *DRAFT_KINDS):
+    if args.num_draft_tokens is not None or not _shipped_draft(args):
         return FixedDraftLength(args.num_draft_tokens if args.num_draft_tokens is not None else 4)
-    return default_policy(args.verifier, POLICY_FILES[args.draft or DRAFT_KINDS[0]])
+    return default_policy(args.verifier, POLICY_FILES[_shipped_draft(args)])
 
 
 def _generate(args) -> int:
