@@ -257,7 +257,7 @@ def fast_generate(
                 step = draft_step(logits[None], **sampling, uniforms=u_draft[:, i])
                 tokens.append(step.tokens)
                 probs.append(step.probs)
-                if i + 1 == k_max or int(step.tokens) in eos or not policy.continue_drafting(i, step):
+                if i + 1 == k_max or int(step.tokens) in eos or not policy.continue_drafting(i, step, params.temperature):
                     break
                 logits = draft_lm.extend(step.tokens, 1)[-1]
                 stats.draft_calls += 1

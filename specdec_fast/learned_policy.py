@@ -244,6 +244,9 @@ def load_policy(path: Path = POLICY_FILES["token"]) -> tuple[AcceptancePredictor
     tensors = load_file(str(path))
     with safe_open(str(path), "pt") as f:
         metadata = json.loads(f.metadata()["specdec_fast"])
+    if metadata.get("features") != list(FEATURES):
+        raise ValueError(f"{path} was trained on the features {metadata.get('features')}, this version's are "
+                         f"{list(FEATURES)}: retrain it with `specdec-fast train-policy`")
     nets = AcceptancePredictor(metadata["hidden"]), ValueNetwork(metadata["hidden"]), PolicyNetwork(metadata["hidden"])
     for name, net in zip(("predictor", "value", "policy"), nets):
         net.load_state_dict({key.removeprefix(name + "."): t for key, t in tensors.items() if key.startswith(name + ".")})

@@ -66,8 +66,8 @@ class AdaptiveMonitoringSystem:
     def begin_round(self, remaining: int, rows: int | None = None) -> int:
         return min(self.cap, self.policy.begin_round(remaining, rows))
 
-    def continue_drafting(self, position: int, step: DraftStepOutput) -> bool:
-        return self.policy.continue_drafting(position, step)
+    def continue_drafting(self, position: int, step: DraftStepOutput, temperature: float) -> bool:
+        return self.policy.continue_drafting(position, step, temperature)
 
     def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None:
         self.policy.observe(drafted, accepted, draft_s, target_s, rows)

@@ -214,7 +214,8 @@ def draft_step(
 
     Returns:
         DraftStepOutput(tokens [B] int64, probs [B, V] fp32 (q), token_prob [B] (q(token)),
-        entropy [B] (H(q), nats), top1_prob [B] (max q)).
+        entropy [B] (H(q), nats), top1_prob [B] (max q)); for greedy rows (q a point mass)
+        the last three describe the distribution at temperature 1 instead.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must have shape [B, V], got {list(logits.shape)}")

@@ -6,7 +6,7 @@ never the current round's target outputs or uniforms, so it chooses how many tok
 draft and cannot bias which are accepted: the output stays the target's distribution.
 
 The loop (``fast_generate``) calls, per round: ``begin_round(remaining)`` -> the most
-tokens to draft (0: none); ``continue_drafting(position, step)`` after each drafted token
+tokens to draft (0: none); ``continue_drafting(position, step, temperature)`` after each drafted token
 but the last allowed one; ``observe(drafted, accepted, draft_s, target_s)`` after
 verification, with the round's measured draft and target (+ verify) seconds.
 
@@ -27,7 +27,7 @@ import torch
 
 from .reference.draft_step import DraftStepOutput
 
-FEATURES = ("position", "entropy", "top1", "token_prob", "survival", "recent_acceptance", "remaining")
+FEATURES = ("position", "entropy", "top1", "token_prob", "survival", "recent_acceptance", "remaining", "temperature")
 
 
 @dataclass
@@ -35,10 +35,12 @@ class MDPState:
     """The state after drafting a token (the seed's name): the features a policy decides on.
 
     position: tokens drafted this round (1 for the first); entropy, top1, token_prob: H(q),
-    max q and q(X) of the token just drafted; survival: the policy's predicted probability
+    max q and q(X) of the token just drafted (when greedy, of the draft's distribution at
+    temperature 1: see DraftStepOutput); survival: the policy's predicted probability
     (for block verification, the clipped cumulative ratio) that every token drafted so far
     is accepted; recent_acceptance: running acceptance rate of past rounds; remaining: the
-    token budget left after this round's drafts.
+    token budget left after this round's drafts; temperature: the sampling temperature (0:
+    greedy), on which acceptance depends for the same draft features.
     """
 
     position: int
@@ -48,17 +50,18 @@ class MDPState:
     survival: float
     recent_acceptance: float
     remaining: int
+    temperature: float
 
     def features(self) -> torch.Tensor:
         """fp32 [len(FEATURES)], in FEATURES order (remaining as log1p)."""
         return torch.tensor([self.position, self.entropy, self.top1, self.token_prob, self.survival,
-                             self.recent_acceptance, math.log1p(self.remaining)], dtype=torch.float32)
+                             self.recent_acceptance, math.log1p(self.remaining), self.temperature], dtype=torch.float32)
 
 
 class DraftPolicy(Protocol):
     def begin_round(self, remaining: int, rows: int | None = None) -> int: ...
 
-    def continue_drafting(self, position: int, step: DraftStepOutput) -> bool: ...
+    def continue_drafting(self, position: int, step: DraftStepOutput, temperature: float) -> bool: ...
 
     def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None: ...
 
@@ -80,9 +83,9 @@ class SpeculativePolicy:
         self.survival, self.remaining = 1.0, remaining
         return min(self.max_length, remaining)
 
-    def continue_drafting(self, position: int, step: DraftStepOutput) -> bool:
+    def continue_drafting(self, position: int, step: DraftStepOutput, temperature: float) -> bool:
         state = MDPState(position + 1, float(step.entropy[0]), float(step.top1_prob[0]), float(step.token_prob[0]),
-                         self.survival, self.recent_acceptance, self.remaining - position - 1)
+                         self.survival, self.recent_acceptance, self.remaining - position - 1, temperature)
         return self.decide(state)
 
     def decide(self, state: MDPState) -> bool:

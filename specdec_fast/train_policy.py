@@ -12,8 +12,8 @@ the seed's value / policy networks by fitted value iteration.
    max(0, V(state_{i+1})), S_i the product of the labels so far, iterated (fitted value
    iteration) with lambda the throughput its own stopping rule reaches on the traces;
    PolicyNetwork: CONTINUE iff y_i > 0, by classification.
-4. Measured costs (a draft step, target passes over 1..max_draft+1 tokens) as the priors of
-   the CostModel. Everything is written to one safetensors file.
+4. Measured costs (a draft step; target passes over 1..max_draft+1 tokens, through a robust
+   affine fit of the measured times) as the priors of the CostModel. Everything is written to one safetensors file.
 """
 
 from __future__ import annotations
@@ -90,8 +90,12 @@ def collect_traces(target, draft, tokenizer, prompts: list[str], temperatures: l
 
 
 def _standardise(net, features: torch.Tensor) -> None:
+    """The net's input statistics; a feature constant in the traces gets std = inf, so the net ignores it
+    rather than extrapolating: "survival" is 1 in every trace (the recorder predicts nothing), while
+    the cost-aware policy's own survival falls below 1 during a round."""
+    std = features.std(0)
     net.mean.copy_(features.mean(0))
-    net.std.copy_(features.std(0).clamp_min(1e-3))
+    net.std.copy_(torch.where(std > 1e-6, std, torch.inf))
 
 
 def _fit(net, features: torch.Tensor, loss_fn, steps: int = 1500, lr: float = 3e-3) -> None:
@@ -184,9 +188,7 @@ def run(out: Path, prompts: int, temperatures: list[float], max_new_tokens: int,
     start = time.perf_counter()
     traces = collect_traces(target, draft, tokenizer, chosen, temperatures, max_new_tokens, max_draft)
     measured = step_costs(target, draft, chat_prompt_ids(tokenizer, chosen[0], chat=True), max_draft + 1)
-    costs = dict(draft_step_s=measured["draft_step_s"],
-                 target_pass_s={1: measured["target_step_s"]} | {k + 1: v * measured["target_step_s"]
-                                                                   for k, v in measured["v"].items()})
+    costs = dict(draft_step_s=measured["draft_step_s"], target_pass_s=measured["target_fit_s"])
     train = traces["prompt"] < int(0.8 * len(chosen))
     predictor = fit_predictor(traces, train, hidden)
     value, policy, throughput = fit_value_networks(traces, train, costs, hidden)

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from specdec_fast import fast_generate
-from specdec_fast.bench.e2e import expected_tokens
+from specdec_fast.bench.e2e import affine_fit, expected_tokens
 from specdec_fast.bench.efficiency import EfficiencyBenchmark
 from specdec_fast.bench.microbench import bytes_read, make_inputs
+from specdec_fast.bench.policies import modelled_tps, oracle
 
 from conftest import tiny_llama
 
@@ -23,6 +24,22 @@ def test_bytes_model_counts_visited_rows():
     args = make_inputs(2, 3, 100, torch.bfloat16)
     accepted = torch.tensor([3, 1])  # row 0: all accepted (4 target rows); row 1: stop at 1 (2 rows + q row)
     assert bytes_read(args, accepted) == 6 * 100 * 2 + 1 * 100 * 4 + (3 + 2) * 4
+
+
+def test_affine_fit_ignores_one_noisy_size():
+    seconds = {n: 0.05 + 0.004 * n for n in range(1, 10)} | {3: 0.09}  # n = 3 measured in a noisy burst
+    intercept, slope = affine_fit(seconds)
+    assert intercept == pytest.approx(0.05) and slope == pytest.approx(0.004)
+
+
+def test_modelled_tokens_per_second_and_the_oracle():
+    costs = dict(draft_step_s=0.01, target_fit_s={1: 0.10, 2: 0.11, 3: 0.12})
+    assert modelled_tps([0, 2], 4, costs) == pytest.approx(4 / (0.10 + 0.02 + 0.12))
+    assert modelled_tps([4], 3, costs) == pytest.approx(3 / (0.04 + 0.14))  # T(5) extrapolated linearly
+    # rounds (drafted, accepted): the oracle drafts exactly the accepted tokens and emits the same ones
+    out = oracle([(2, 0), (2, 2)], 4, costs)
+    assert out["tps"] == out["modelled_tps"] == pytest.approx(4 / (0.10 + 0.02 + 0.12))
+    assert out["calls_per_token"] == 0.5 and out["accepted_length"] == 2.0
 
 
 class CharTokenizer:

@@ -14,8 +14,11 @@ from specdec_fast.monitoring import AdaptiveMonitoringSystem
 from specdec_fast.policy import (FEATURES, ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule,
                                  MDPState, SpeculativePolicy)
 
+from specdec_fast.train_policy import collect_traces, fit_predictor
+
 from conftest import tiny_llama
 from distribution import chi_square, counts
+from test_bench import CharTokenizer
 from test_generate import NO_EOS, PROMPT, exact_joint
 
 RUNS = 2000
@@ -24,7 +27,7 @@ RUNS = 2000
 class StopOnEvenToken(SpeculativePolicy):
     """Adversarial but legal: stops after drafting an even token (a decision on the drafted token's value)."""
 
-    def continue_drafting(self, position, step):
+    def continue_drafting(self, position, step, temperature):
         return int(step.tokens[0]) % 2 == 1
 
 
@@ -82,14 +85,16 @@ def test_greedy_with_a_policy_equals_target_greedy(verifier):
 
 
 def state(**changes) -> MDPState:
-    values = dict(position=1, entropy=1.0, top1=0.5, token_prob=0.5, survival=1.0, recent_acceptance=0.5, remaining=10)
+    values = dict(position=1, entropy=1.0, top1=0.5, token_prob=0.5, survival=1.0, recent_acceptance=0.5, remaining=10,
+                  temperature=1.0)
     return MDPState(**(values | changes))
 
 
 def test_mdp_state_features_follow_the_feature_names():
-    s = state(position=3, entropy=0.25, top1=0.9, token_prob=0.8, survival=0.7, recent_acceptance=0.6, remaining=0)
-    assert len(FEATURES) == 7
-    assert s.features().tolist() == pytest.approx([3, 0.25, 0.9, 0.8, 0.7, 0.6, 0.0])
+    s = state(position=3, entropy=0.25, top1=0.9, token_prob=0.8, survival=0.7, recent_acceptance=0.6, remaining=0,
+              temperature=0.7)
+    assert len(FEATURES) == 8
+    assert s.features().tolist() == pytest.approx([3, 0.25, 0.9, 0.8, 0.7, 0.6, 0.0, 0.7])
 
 
 def test_heuristic_schedule_grows_after_full_acceptance_and_shrinks_otherwise():
@@ -140,11 +145,44 @@ def test_cost_aware_policy_drafts_only_when_it_pays():
 def test_save_and_load_round_trip(tmp_path):
     nets = AcceptancePredictor(8), ValueNetwork(8), ValueNetwork(8)
     path = tmp_path / "policy.safetensors"
-    save_policy(path, *nets, dict(hidden=8, draft_step_s=0.01, target_pass_s={"1": 0.1, "2": 0.12}))
-    predictor, value, _, metadata = load_policy(path)
+    metadata = dict(hidden=8, features=list(FEATURES), draft_step_s=0.01, target_pass_s={"1": 0.1, "2": 0.12})
+    save_policy(path, *nets, metadata)
+    predictor, value, _, _ = load_policy(path)
     x = torch.randn(5, len(FEATURES))
     assert torch.equal(predictor(x), nets[0](x)) and torch.equal(value(x), nets[1](x))
     assert default_policy(path=path).costs.target(2) == pytest.approx(0.12)
+    save_policy(path, *nets, metadata | dict(features=list(FEATURES[:-1])))  # a file of an older feature set
+    with pytest.raises(ValueError, match="retrain it"):
+        load_policy(path)
+
+
+def test_traces_label_each_drafted_token():
+    """train-policy's traces: one row of features per decided draft token, labelled with its acceptance
+    probability (at T = 0 the 0/1 outcome); greedy rows carry the draft's temperature-1 confidence."""
+    target, draft = tiny_llama(10, vocab=16), tiny_llama(11, vocab=16, layers=1)
+    traces = collect_traces(target, draft, CharTokenizer(), ["ab", "hello"], [0.0, 1.0], max_new_tokens=12, max_draft=3)
+    n = len(traces["accept"])
+    assert n > 10 and traces["features"].shape == (n, len(FEATURES)) and traces["prompt"].unique().tolist() == [0, 1]
+    column = lambda name: traces["features"][:, FEATURES.index(name)]  # noqa: E731
+    greedy = column("temperature") == 0
+    assert 0 < greedy.sum() < n
+    assert set(traces["accept"][greedy].tolist()) <= {0.0, 1.0}
+    assert ((traces["accept"] >= 0) & (traces["accept"] <= 1)).all() and traces["accept"][~greedy].unique().numel() > 2
+    assert (column("entropy")[greedy] > 0).all() and (column("top1")[greedy] < 1).all()
+    assert (column("position") < 3).all()  # the last token of a round is followed by no decision
+
+
+def test_predictor_ignores_a_feature_constant_in_its_traces():
+    """Survival is 1 in every trace; the cost-aware policy's survival drops below 1 within a round,
+    which must not move the prediction (it once drove every prediction to 1)."""
+    g = torch.Generator().manual_seed(0)
+    features = torch.rand(400, len(FEATURES), generator=g)
+    features[:, FEATURES.index("survival")] = 1.0
+    traces = dict(features=features, accept=torch.rand(400, generator=g), ratio=torch.rand(400, generator=g) / 4)
+    predictor = fit_predictor(traces, torch.ones(400, dtype=torch.bool), hidden=8)
+    moved = features[:5].clone()
+    moved[:, FEATURES.index("survival")] = 0.3
+    assert torch.equal(predictor(moved), predictor(features[:5]))
 
 
 @pytest.mark.parametrize("draft", sorted(POLICY_FILES))

@@ -76,8 +76,15 @@ def test_draft_step_samples_q_and_reports_features(temperature, top_k, top_p):
     torch.testing.assert_close(out.top1_prob, q.max().expand(n))
 
 
-def test_draft_step_greedy():
+@pytest.mark.parametrize("top_k,top_p", [(0, 1.0), (5, 0.9)])
+def test_draft_step_greedy(top_k, top_p):
+    """q is the point mass on the argmax; the features describe the distribution at temperature 1."""
     logits = torch.randn(5, 33, generator=torch.Generator().manual_seed(4))
-    out = draft_step(logits, temperature=0.0)
+    out = draft_step(logits, temperature=0.0, top_k=top_k, top_p=top_p)
     assert torch.equal(out.tokens, logits.argmax(-1))
-    assert (out.token_prob == 1).all() and (out.entropy == 0).all()
+    assert torch.equal(out.probs, torch.nn.functional.one_hot(out.tokens, 33).float())
+    p = warp(logits, 1.0, top_k, top_p)
+    torch.testing.assert_close(out.token_prob, p.max(-1).values)
+    torch.testing.assert_close(out.top1_prob, p.max(-1).values)
+    torch.testing.assert_close(out.entropy, entropy(p))
+    assert (out.entropy > 0.5).all() and (out.top1_prob < 0.9).all()

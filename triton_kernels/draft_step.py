@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import TILE, exp_shifted, order_key, row_dist, sample_row, scaled_tile, weights_tile
+from .sampling import TILE, argmax_row, exp_shifted, order_key, row_dist, sample_row, scaled_tile, weights_tile
 
 
 @triton.jit(do_not_specialize=["V"])
@@ -23,33 +23,34 @@ def draft_step_kernel(
     top_k = tl.load(top_k_ptr + b)
     top_p = tl.load(top_p_ptr + b)
     row = logits_ptr + b * V
-    argmax, min_key, m, inv_sum = row_dist(row, V, t, top_k, top_p, BLOCK)
-    greedy = argmax >= 0
+    # A greedy row's q is the point mass on the argmax; its features are those of the
+    # distribution at temperature 1 (reference/draft_step.py).
+    greedy = t == 0
+    token = tl.full((), -1, tl.int64)
+    if greedy:
+        token = argmax_row(row, V, BLOCK)
+    t = tl.where(greedy, 1.0, t)
+    _, min_key, m, inv_sum = row_dist(row, V, t, top_k, top_p, BLOCK)
 
-    # Write q; sum it in float64 for the sampler; H(q) = sum q (log(sum) - (z - max)) over q > 0.
+    # Write q; sum p in float64 for the sampler; H(p) = sum p (log(sum) - (z - max)) over p > 0.
     log_sum = -tl.log(inv_sum).to(tl.float32)
     total = tl.zeros((), tl.float64)
     entropy = tl.zeros((), tl.float64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK).to(tl.int64)
-        q = weights_tile(row, row, offs, V, t, min_key, m, inv_sum, False, 1.0)
-        q = tl.where(greedy, tl.where(offs == argmax, 1.0, 0.0), q)
-        tl.store(probs_ptr + b * V + offs, q, mask=offs < V)
-        total += tl.sum(q.to(tl.float64), 0)
+        p = weights_tile(row, row, offs, V, t, min_key, m, inv_sum, False, 1.0)
+        tl.store(probs_ptr + b * V + offs, tl.where(greedy, tl.where(offs == token, 1.0, 0.0), p), mask=offs < V)
+        total += tl.sum(p.to(tl.float64), 0)
         z = scaled_tile(row, offs, V, t)
-        entropy += tl.sum((q * (log_sum - tl.where(q > 0, z - m, 0.0))).to(tl.float64), 0)
+        entropy += tl.sum((p * (log_sum - tl.where(p > 0, z - m, 0.0))).to(tl.float64), 0)
 
-    u = tl.load(u_ptr + b)
-    token = argmax
-    token_prob = tl.full((), 1.0, tl.float32)
-    if argmax < 0:
-        token = sample_row(row, row, V, t, min_key, m, inv_sum, False, 1.0, total, u, BLOCK)
-        z = tl.load(row + token).to(tl.float32) / t  # q(token), by the same formula as the stored q
-        token_prob = tl.where(order_key(z) >= min_key, exp_shifted(z, m) * inv_sum.to(tl.float32), 0.0)
+    if token < 0:
+        token = sample_row(row, row, V, t, min_key, m, inv_sum, False, 1.0, total, tl.load(u_ptr + b), BLOCK)
+    z = tl.load(row + token).to(tl.float32) / t  # p(token), by the same formula as the stored p
     tl.store(tokens_ptr + b, token)
-    tl.store(token_prob_ptr + b, token_prob)
-    tl.store(entropy_ptr + b, tl.where(greedy, 0.0, entropy.to(tl.float32)))
-    tl.store(top1_ptr + b, tl.where(greedy, 1.0, inv_sum.to(tl.float32)))
+    tl.store(token_prob_ptr + b, tl.where(order_key(z) >= min_key, exp_shifted(z, m) * inv_sum.to(tl.float32), 0.0))
+    tl.store(entropy_ptr + b, entropy.to(tl.float32))
+    tl.store(top1_ptr + b, inv_sum.to(tl.float32))
 
 
 def draft_step(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,

@@ -396,22 +396,23 @@ double entropy(const T* logits, const float* probs, int64_t V, const RowDist& d,
 }
 
 // One draft step: warp, sample with u, report q(token), H(q) and max q. probs: [V] out.
+// A greedy row (q the point mass on the argmax) reports these features of the distribution
+// at temperature 1 (reference/draft_step.py), whose largest entry is the argmax's.
 template <typename T, typename ForChunks = Serial>
 int64_t draft_step_row(const T* logits, int64_t V, Sampling samp, float u, float* probs, Scratch& s,
                        float* token_prob, float* entropy_out, float* top1, ForChunks for_chunks = {}) {
+  const bool greedy = samp.temperature == 0.0f;
+  if (greedy) samp.temperature = 1.0f;
   const RowDist d = row_dist(logits, V, samp, s, for_chunks);
-  if (d.argmax >= 0) {
-    std::fill(probs, probs + V, 0.0f);
-    probs[d.argmax] = 1.0f;
-    *token_prob = *top1 = 1.0f;
-    *entropy_out = 0.0f;
-    return d.argmax;
-  }
   fill_weights(d, nullptr, V, s, probs, true, for_chunks);
-  const int64_t x = sample_inverse_cdf(probs, s.chunk_sum.get(), V, u);
-  *token_prob = probs[x];
   *entropy_out = static_cast<float>(entropy(logits, probs, V, d, s));
   *top1 = static_cast<float>(d.inv_sum);  // p(argmax) = exp(0) / sum
+  const int64_t x = greedy ? argmax(logits, V, s.z.get()) : sample_inverse_cdf(probs, s.chunk_sum.get(), V, u);
+  *token_prob = probs[x];
+  if (greedy) {
+    std::fill(probs, probs + V, 0.0f);
+    probs[x] = 1.0f;
+  }
   return x;
 }
 

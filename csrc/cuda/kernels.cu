@@ -332,13 +332,13 @@ draft_step_kernel(const T* logits, const float* temperature, const int64_t* top_
   const int64_t b = blockIdx.x;
   const T* row = logits + b * V;
   float* q = probs + b * V;
-  const RowDist d = row_dist(row, V, row_sampling(temperature, top_k, top_p, b));
-  if (d.argmax >= 0) {
-    for (int64_t i = threadIdx.x; i < V; i += kThreads) q[i] = i == d.argmax ? 1.0f : 0.0f;
-    if (threadIdx.x == 0) tokens[b] = d.argmax, token_prob[b] = 1.0f, entropy[b] = 0.0f, top1[b] = 1.0f;
-    return;
-  }
-  // q, its total for the sampler, and H(q) = sum q (log(sum) - (z - max)) over q > 0.
+  // A greedy row's q is the point mass on the argmax; its features are those of the
+  // distribution at temperature 1 (reference/draft_step.py).
+  Sampling samp = row_sampling(temperature, top_k, top_p, b);
+  const bool greedy = samp.temperature == 0.0f;
+  if (greedy) samp.temperature = 1.0f;
+  const RowDist d = row_dist(row, V, samp);
+  // p, its total for the sampler, and H(p) = sum p (log(sum) - (z - max)) over p > 0.
   const float log_sum = static_cast<float>(-log(d.inv_sum));
   double total = 0.0, h = 0.0;
   for (int64_t i = threadIdx.x; i < V; i += kThreads) {
@@ -349,10 +349,12 @@ draft_step_kernel(const T* logits, const float* temperature, const int64_t* top_
   }
   total = block_reduce(total, Sum{});
   h = block_reduce(h, Sum{});
-  const int64_t x = sample_row(row, q, V, d, false, 1.0f, total, u[b]);
+  const int64_t x = greedy ? argmax_row(row, V) : sample_row(row, q, V, d, false, 1.0f, total, u[b]);
+  if (greedy)
+    for (int64_t i = threadIdx.x; i < V; i += kThreads) q[i] = i == x ? 1.0f : 0.0f;
   if (threadIdx.x == 0) {
     tokens[b] = x;
-    token_prob[b] = d.weight(to_float(row[x]) / d.temperature);  // the formula q[x] was written with
+    token_prob[b] = d.weight(to_float(row[x]) / d.temperature);  // the formula p was written with
     entropy[b] = static_cast<float>(h);
     top1[b] = static_cast<float>(d.inv_sum);
   }

@@ -39,13 +39,25 @@ def pass_seconds(model, ids: list[int], n: int = 1, repeats: int = 15) -> float:
     return median_time(one_pass, repeats)
 
 
+def affine_fit(seconds: dict[int, float]) -> tuple[float, float]:
+    """(intercept, slope) of T(n) = intercept + slope n through measured pass times, Theil-Sen (the
+    median of the pairwise slopes): one noisy size, which this VM often gives, does not move it."""
+    sizes = sorted(seconds)
+    slope = statistics.median((seconds[j] - seconds[i]) / (j - i) for i in sizes for j in sizes if j > i)
+    return statistics.median(seconds[n] - slope * n for n in sizes), slope
+
+
 def step_costs(target, draft, ids: list[int], max_k: int, repeats: int = 15) -> dict:
-    """Median one-token pass times and v(k), with both caches holding ``ids`` (the target's first:
-    a feature draft reads its features)."""
+    """Median one-token pass times and v(k) as measured, with both caches holding ``ids`` (the
+    target's first: a feature draft reads its features); and ``target_fit_s``, the target's pass
+    times over n = 1..max_k + 1 tokens from :func:`affine_fit` of those measurements (what cost
+    models should use)."""
     target_s = pass_seconds(target, ids, 1, repeats)
     draft_s = pass_seconds(draft, ids, 1, repeats)
     verify = {k: pass_seconds(target, ids, k + 1, repeats) / target_s for k in range(1, max_k + 1)}
-    return dict(target_step_s=target_s, draft_step_s=draft_s, c=draft_s / target_s, v=verify)
+    intercept, slope = affine_fit({1: target_s} | {k + 1: v * target_s for k, v in verify.items()})
+    return dict(target_step_s=target_s, draft_step_s=draft_s, c=draft_s / target_s, v=verify,
+                target_fit_s={n: intercept + slope * n for n in range(1, max_k + 2)})
 
 
 def _hf_assisted(target, draft, ids: list[int], temperature: float, max_new_tokens: int) -> float:

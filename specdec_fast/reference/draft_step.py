@@ -18,6 +18,10 @@ class DraftStepOutput(NamedTuple):
     token_prob [B] fp32: q(X);
     entropy [B] fp32: H(q) in nats;
     top1_prob [B] fp32: max_x q(x).
+
+    A greedy row's q is the point mass on the argmax, whose features say nothing; its
+    token_prob, entropy and top1_prob are those of the draft's distribution at temperature 1
+    (same top-k / top-p), so that a draft-length policy still sees the draft's confidence.
     """
 
     tokens: Tensor
@@ -31,5 +35,7 @@ def draft_step_reference(logits: Tensor, temperature: Tensor, top_k: Tensor, top
     """logits [B, V]; temperature, top_k, top_p [B]; uniforms [B] in (0, 1]."""
     q = warp_logits(logits, temperature, top_k, top_p)
     tokens = sample_inverse_cdf(q, uniforms)
-    token_prob = q.gather(-1, tokens[:, None]).squeeze(-1)
-    return DraftStepOutput(tokens, q, token_prob, entropy(q), q.amax(-1))
+    greedy = temperature == 0
+    described = warp_logits(logits, torch.where(greedy, 1.0, temperature), top_k, top_p) if greedy.any() else q
+    token_prob = described.gather(-1, tokens[:, None]).squeeze(-1)
+    return DraftStepOutput(tokens, q, token_prob, entropy(described), described.amax(-1))
