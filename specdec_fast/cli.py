@@ -33,8 +33,8 @@ def _load_pair(args):
     from .linear import use_skinny_linear
     from .smollm2 import load_pair, load_smollm2
 
-    if _shipped_draft(args):
-        return load_pair(_shipped_draft(args))
+    if kind := _shipped_draft(args):
+        return load_pair(kind)
     if args.draft in DRAFT_KINDS:
         raise SystemExit(f"--draft {args.draft} (a draft shipped for SmolLM2) cannot be combined with --target or "
                          "--draft-layers; pass a draft checkpoint instead")
@@ -60,9 +60,10 @@ def _policy(args):
     from .learned_policy import POLICY_FILES, default_policy
     from .policy import FixedDraftLength
 
-    if args.num_draft_tokens is not None or not _shipped_draft(args):
+    kind = _shipped_draft(args)
+    if args.num_draft_tokens is not None or kind is None:
         return FixedDraftLength(args.num_draft_tokens if args.num_draft_tokens is not None else 4)
-    return default_policy(args.verifier, POLICY_FILES[_shipped_draft(args)])
+    return default_policy(args.verifier, POLICY_FILES[kind])
 
 
 def _generate(args) -> int:
