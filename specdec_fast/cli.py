@@ -151,7 +151,7 @@ def _train_policy(args) -> int:
     out = Path(args.out) if args.out else POLICY_FILES[args.draft]
     metadata = train_policy.run(out, args.prompts, args.temperatures, args.max_new_tokens, args.max_draft,
                                 draft_kind=args.draft)
-    print("calibration (held-out 20% of the training prompts): decile, predicted, observed acceptance")
+    print("calibration (every fifth policy prompt, not fitted on): decile, predicted, observed acceptance")
     for row in metadata["calibration"]:
         print(f"  {row['decile']:2d}  {row['predicted']:.3f}  {row['observed']:.3f}  (n={row['n']})")
     print(f"{metadata['rows']} drafted tokens from {metadata['prompts']} prompts in {metadata['minutes']:.1f} min; "
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                              help="traces of a SmolLM2 pair -> its learned draft-length policy (data/policy*.safetensors)")
     tp.add_argument("--draft", choices=DRAFT_KINDS, default=DRAFT_KINDS[0], help="the shipped draft traced")
     tp.add_argument("--out", help="default: the shipped policy file of that draft")
-    tp.add_argument("--prompts", type=int, default=40, help="training prompts traced (the last 20%% calibrate)")
+    tp.add_argument("--prompts", type=int, default=40, help="policy prompts traced (every fifth calibrates)")
     tp.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     tp.add_argument("--max-new-tokens", type=int, default=64)
     tp.add_argument("--max-draft", type=int, default=8)

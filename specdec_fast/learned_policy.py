@@ -153,7 +153,6 @@ class CostAwarePolicy(SpeculativePolicy):
         super().__init__(max_draft_tokens)
         self.predictor, self.costs, self.block = predictor.eval(), costs, verifier == "block"
         self.probe_every = probe_every
-        self.first_acceptance = 0.5  # running acceptance of the first drafted token
         self.token_acceptance: float | None = None  # running per-token acceptance (alpha) of batch rounds
         self.tokens, self.seconds = 1.0, costs.target(1)  # running throughput = tokens / seconds
         self.skipped, self.gap = 0, probe_every  # rounds without drafting; rounds until the next probe
@@ -186,7 +185,7 @@ class CostAwarePolicy(SpeculativePolicy):
             rate = [expected_tokens(alpha, k) / (k * c + self.costs.target(rows * (k + 1)))
                     for k in range(limit + 1)]
             return self._probe(max(range(limit + 1), key=rate.__getitem__), min(1, limit))
-        return self._probe(limit if self._worth(self.first_acceptance, 0) else 0, limit)
+        return self._probe(limit if self._worth(self.recent_acceptance, 0) else 0, limit)
 
     @torch.no_grad()
     def decide(self, state: MDPState) -> bool:
@@ -198,7 +197,7 @@ class CostAwarePolicy(SpeculativePolicy):
         return self._worth(self.survival * accept, state.position)
 
     def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None:
-        super().observe(drafted, accepted, draft_s, target_s)
+        super().observe(drafted, accepted, draft_s, target_s, rows)
         a = self.smoothing
         self.costs.update(drafted, draft_s, target_s, rows or 1)
         if rows is not None:
@@ -207,8 +206,6 @@ class CostAwarePolicy(SpeculativePolicy):
                 last = self.token_acceptance
                 self.token_acceptance = alpha if last is None else a * last + (1 - a) * alpha
             return
-        if drafted:
-            self.first_acceptance = a * self.first_acceptance + (1 - a) * float(accepted >= 1)
         self.tokens = a * self.tokens + (1 - a) * (accepted + 1)
         self.seconds = a * self.seconds + (1 - a) * (draft_s + target_s)
 

@@ -38,7 +38,10 @@ class MDPState:
     max q and q(X) of the token just drafted (when greedy, of the draft's distribution at
     temperature 1: see DraftStepOutput); survival: the policy's predicted probability
     (for block verification, the clipped cumulative ratio) that every token drafted so far
-    is accepted; recent_acceptance: running acceptance rate of past rounds; remaining: the
+    is accepted; recent_acceptance: the running rate at which past rounds' first drafted token
+    was accepted (unlike the rate per drafted token it does not depend on how many tokens the
+    rounds drafted, so the traces a policy learns from, drafted at a fixed length, describe the
+    policy's own rounds); remaining: the
     token budget left after this round's drafts; temperature: the sampling temperature (0:
     greedy), on which acceptance depends for the same draft features.
     """
@@ -75,7 +78,7 @@ class SpeculativePolicy:
             raise ValueError(f"max_draft_tokens must be an integer >= 0, got {max_draft_tokens}")
         self.max_length = int(max_draft_tokens)
         self.smoothing = smoothing
-        self.recent_acceptance = 0.5  # running per-token acceptance rate of past rounds
+        self.recent_acceptance = 0.5  # running acceptance rate of past rounds' first drafted token
         self.survival = 1.0
         self.remaining = 0
 
@@ -92,9 +95,9 @@ class SpeculativePolicy:
         return True
 
     def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None:
-        if drafted:
-            rate = accepted / drafted
-            self.recent_acceptance = self.smoothing * self.recent_acceptance + (1 - self.smoothing) * rate
+        if drafted and rows is None:  # batch rounds build no MDPState
+            a = self.smoothing
+            self.recent_acceptance = a * self.recent_acceptance + (1 - a) * float(accepted >= 1)
 
 
 class FixedDraftLength(SpeculativePolicy):
@@ -119,7 +122,7 @@ class HeuristicSchedule(SpeculativePolicy):
         return min(self.length, remaining)
 
     def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None:
-        super().observe(drafted, accepted, draft_s, target_s)
+        super().observe(drafted, accepted, draft_s, target_s, rows)
         if drafted:
             self.length = min(self.max_length, self.length + 2) if accepted == drafted else max(1, self.length - 1)
 

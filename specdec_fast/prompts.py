@@ -1,5 +1,7 @@
-"""Prompt sets: the held-out evaluation prompts (never trained or tuned on) and the
-templated training prompts used to distil the draft."""
+"""Prompt sets, disjoint: the held-out evaluation prompts (never trained or tuned on), the
+templated training prompts used to distil the draft, and the policy prompts that the
+draft-length policies are traced on (the draft has never seen them, so the acceptance
+the policies learn is the acceptance they will meet on new prompts)."""
 
 from __future__ import annotations
 
@@ -101,6 +103,57 @@ MORE_CODE_TEMPLATES = [
     "Write a Go function that {}.",
     "Write a Rust function that {}.",
 ]
+
+
+# Written for tracing the policies: no prompt is a training or held-out one, and most topics are new
+# (the draft never saw the target answer any of them).
+POLICY_PROMPTS = [
+    "Give me four tips for keeping houseplants alive in winter.",
+    "Write a short thank-you note to a neighbour who watered my plants.",
+    "List the steps to change a bicycle inner tube.",
+    "Suggest a weekly meal plan for a student on a tight budget.",
+    "Explain how to set up a simple monthly budget spreadsheet.",
+    "Draft a short announcement that the office kitchen will be closed on Monday.",
+    "Give advice to someone who is nervous about public speaking.",
+    "Outline a one-hour lesson plan about fractions for a primary school class.",
+    "Write a short story about a clockmaker who builds a clock that runs backwards.",
+    "Describe a quiet village square during a summer evening festival.",
+    "Write a poem about a fox crossing a frozen river.",
+    "Tell a fairy tale about a cloud that wanted to become a river.",
+    "Write the first paragraph of a science fiction story set on a generation ship.",
+    "Describe the smell and sounds of a bakery early in the morning.",
+    "Write a short conversation between a lighthouse and a passing ship.",
+    "Write a letter from a knight to his younger sister about his first tournament.",
+    "Write a Python function that counts how many times each character appears in a string.",
+    "Write a Python function that checks whether a list is sorted.",
+    "Explain what a dictionary is in Python, with a short example.",
+    "Write a SQL query that lists the ten most expensive products in a table named products.",
+    "Write a JavaScript function that capitalizes every word in a sentence.",
+    "Write a Python class for a to-do list with add, remove and list methods.",
+    "How do I write a JSON file in Python? Show a short example.",
+    "Write a shell command that finds all files larger than 100 MB in the home folder.",
+    "Why do leaves change colour in autumn?",
+    "How do submarines dive and surface?",
+    "What is the difference between weather and climate?",
+    "How does a microwave oven heat food?",
+    "What is the function of the kidneys?",
+    "Who was Ada Lovelace and why is she remembered?",
+    "Why do onions make people cry when they are cut?",
+    "Why does metal feel colder than wood at the same temperature?",
+    "What causes the northern lights?",
+    "Why do we have leap years?",
+    "What is inflation and how does it affect savings?",
+    "How do noise-cancelling headphones work?",
+    "Why is the sky dark at night if there are so many stars?",
+    "What is the tallest mountain in Africa and how high is it?",
+    "How does a refrigerator keep food cold?",
+    "What does a compiler do?",
+]
+
+
+def policy_prompts() -> list[str]:
+    """The prompts that ``specdec-fast train-policy`` traces (40), in neither the training nor the held-out set."""
+    return list(POLICY_PROMPTS)
 
 
 def heldout_prompts() -> list[dict]:

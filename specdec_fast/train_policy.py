@@ -1,13 +1,15 @@
 """``specdec-fast train-policy``: traces of the default pair, the acceptance predictor, and
 the seed's value / policy networks by fitted value iteration.
 
-1. Traces: fast_generate on the training prompts (never the held-out ones) with a policy
+1. Traces: fast_generate on the policy prompts (``prompts.policy_prompts``: neither the
+   draft's training prompts, on which the draft accepts far more often than on new text,
+   nor the held-out ones) with a policy
    that always drafts ``max_draft`` tokens, at each temperature; for every drafted token its
    MDPState features and the soft labels min(1, p/q) and min(R, p/q) / R, p the target's
    warped probability of the token (the exact acceptance probability, lower variance than
    the accept/reject outcome).
 2. The AcceptancePredictor, fitted to the soft labels (binary cross-entropy), calibrated on
-   the last 20% of prompts (predicted vs observed acceptance by decile).
+   every fifth prompt, not fitted on (predicted vs observed acceptance by decile).
 3. ValueNetwork: the value of CONTINUING from a state, y_i = S_i a_{i+1} - lambda dt_i +
    max(0, V(state_{i+1})), S_i the product of the labels so far, iterated (fitted value
    iteration) with lambda the throughput its own stopping rule reaches on the traces;
@@ -28,7 +30,7 @@ from .bench.e2e import step_costs
 from .generate import fast_generate
 from .learned_policy import (RATIO_CAP, AcceptancePredictor, PolicyNetwork, ValueNetwork, save_policy)
 from .policy import FEATURES, MDPState, SpeculativePolicy
-from .prompts import chat_prompt_ids, training_prompts
+from .prompts import chat_prompt_ids, policy_prompts
 from .sampling import warp_logits
 from .smollm2 import load_pair
 
@@ -184,12 +186,14 @@ def trace_throughput(traces: dict, rows: torch.Tensor, network, costs: dict) -> 
 def run(out: Path, prompts: int, temperatures: list[float], max_new_tokens: int, max_draft: int, hidden: int = 32,
         draft_kind: str = "feature") -> dict:
     target, draft, tokenizer = load_pair(draft_kind)
-    chosen = training_prompts()[:: max(1, len(training_prompts()) // prompts)][:prompts]
+    if not 5 <= prompts <= len(policy_prompts()):
+        raise ValueError(f"prompts must be in 5..{len(policy_prompts())} (the policy prompts), got {prompts}")
+    chosen = policy_prompts()[:prompts]
     start = time.perf_counter()
     traces = collect_traces(target, draft, tokenizer, chosen, temperatures, max_new_tokens, max_draft)
     measured = step_costs(target, draft, chat_prompt_ids(tokenizer, chosen[0], chat=True), max_draft + 1)
     costs = dict(draft_step_s=measured["draft_step_s"], target_pass_s=measured["target_fit_s"])
-    train = traces["prompt"] < int(0.8 * len(chosen))
+    train = traces["prompt"] % 5 != 4
     predictor = fit_predictor(traces, train, hidden)
     value, policy, throughput = fit_value_networks(traces, train, costs, hidden)
     metadata = dict(hidden=hidden, features=list(FEATURES), draft_step_s=costs["draft_step_s"],

@@ -7,10 +7,19 @@ import torch
 
 from specdec_fast import HFCachedLM, fast_generate
 from specdec_fast.drafts import RestrictedHead, build_small_draft, early_exit_draft, load_small_draft, save_small_draft
+from specdec_fast.prompts import heldout_prompts, policy_prompts, training_prompts
 
 from conftest import tiny_llama
 from distribution import chi_square, counts
 from test_generate import PROMPT, exact_joint
+
+
+def test_prompt_sets_are_disjoint():
+    """The draft trains on training_prompts, the policies on policy_prompts; the held-out set is neither."""
+    training, policy = set(training_prompts()), set(policy_prompts())
+    heldout = {p["prompt"] for p in heldout_prompts()}
+    assert len(training) == len(training_prompts()) > 1000 and len(policy) == len(policy_prompts()) == 40
+    assert len(heldout) == 34 and not (training & policy or training & heldout or policy & heldout)
 
 
 def test_restricted_head_puts_minus_inf_outside_its_vocabulary():

@@ -112,6 +112,19 @@ def test_heuristic_schedule_grows_after_full_acceptance_and_shrinks_otherwise():
     assert p.begin_round(100) == 1
 
 
+def test_recent_acceptance_is_the_rate_of_accepted_first_tokens():
+    """Independent of how many tokens the rounds drafted (the traces draft 8, the policies fewer)."""
+    p = FixedDraftLength(4)
+    p.smoothing = 0.5
+    p.observe(4, 1, 0.0, 0.0)  # first token accepted: 1 of 4 drafts
+    assert p.recent_acceptance == pytest.approx(0.75)
+    p.observe(4, 0, 0.0, 0.0)
+    assert p.recent_acceptance == pytest.approx(0.375)
+    p.observe(0, 0, 0.0, 0.0)  # nothing drafted
+    p.observe(4, 0.5, 0.0, 0.0, rows=2)  # a batch round: no MDPState is built from it
+    assert p.recent_acceptance == pytest.approx(0.375)
+
+
 def test_threshold_rules():
     assert ConfidenceThreshold(0.4).decide(state(token_prob=0.5)) and not ConfidenceThreshold(0.4).decide(state(token_prob=0.3))
     assert EntropyStop(0.4, gamma=0.6).decide(state(entropy=0.1))  # 1 - sqrt(0.06) = 0.76
