@@ -85,15 +85,24 @@ def _interpolate(table: dict[int, float], n: int) -> float:
 class CostModel:
     """Seconds of a draft step over r sequences, c(r), and of a target pass over n token rows,
     T(n) (a round of one sequence with k drafts is a pass over n = k + 1 rows, of a batch of
-    B sequences over n = B (k + 1)), as exponential moving averages of what the loop measures,
-    starting from priors (measured when the policy was trained); linear between and beyond
-    the sizes measured.
+    B sequences over n = B (k + 1)): priors (measured when the policy was trained) until the
+    loop measures a size, then what it measures, as an exponential moving average; linear
+    between and beyond the sizes known. A size's first measurement replaces its prior: the
+    priors come from one sequence on the training machine, and a batch's passes turn
+    compute-bound at sizes they only extrapolate (at 8 rows a 2-token pass measured 2.2x a
+    1-token pass where the prior said 1.4x).
     """
 
     def __init__(self, draft_step_s: float | dict[int, float], target_pass_s: dict[int, float], smoothing: float = 0.8):
         self.draft_step_s = dict(draft_step_s) if isinstance(draft_step_s, dict) else {1: float(draft_step_s)}
         self.target_pass_s = dict(target_pass_s)
         self.smoothing = smoothing
+        self.measured: set[tuple[str, int]] = set()  # ("draft", rows) and ("target", n) seen by update()
+
+    def _learn(self, table: dict[int, float], kind: str, size: int, seconds: float) -> None:
+        a = self.smoothing if (kind, size) in self.measured else 0.0
+        table[size] = a * _interpolate(table, size) + (1 - a) * seconds
+        self.measured.add((kind, size))
 
     def draft(self, rows: int = 1) -> float:
         """c(rows): one draft step of ``rows`` sequences."""
@@ -104,11 +113,9 @@ class CostModel:
         return _interpolate(self.target_pass_s, n)
 
     def update(self, drafted: int, draft_s: float, target_s: float, rows: int = 1) -> None:
-        a = self.smoothing
         if drafted:
-            self.draft_step_s[rows] = a * self.draft(rows) + (1 - a) * draft_s / drafted
-        n = rows * (drafted + 1)
-        self.target_pass_s[n] = a * self.target(n) + (1 - a) * target_s
+            self._learn(self.draft_step_s, "draft", rows, draft_s / drafted)
+        self._learn(self.target_pass_s, "target", rows * (drafted + 1), target_s)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -145,7 +152,9 @@ class CostAwarePolicy(SpeculativePolicy):
     ``limit`` tokens; one in a batch round), so the acceptance estimate can recover when the
     text gets easier. Each probe that does not bring drafting back doubles the gap to the
     next one (up to 16 ``probe_every``): a probe of a large batch is dear. The first batch
-    round is a probe, so alpha starts from a measurement rather than a guess.
+    round is a probe, so alpha starts from a measurement rather than a guess. No probe is
+    made where the current costs say drafting would lose even if every draft were accepted
+    (a large batch on a CPU): there is nothing to find out.
     """
 
     def __init__(self, predictor: AcceptancePredictor, costs: CostModel, verifier: str = "token",
@@ -166,10 +175,13 @@ class CostAwarePolicy(SpeculativePolicy):
         return gain >= self.throughput() * cost
 
     def _probe(self, length: int, probe: int) -> int:
-        """``length``; or, as length 0 runs ``gap`` rounds, ``probe`` (and the gap doubles)."""
+        """``length``; or, as length 0 runs ``gap`` rounds, ``probe`` (and the gap doubles); never
+        a probe of 0 tokens (one that cannot pay)."""
         if length:
             self.skipped, self.gap = 0, self.probe_every
             return length
+        if not probe:
+            return 0
         if self.skipped >= self.gap:
             self.skipped, self.gap = 0, min(2 * self.gap, 16 * self.probe_every)
             return probe
@@ -179,13 +191,18 @@ class CostAwarePolicy(SpeculativePolicy):
     def begin_round(self, remaining: int, rows: int | None = None) -> int:
         limit = super().begin_round(remaining)
         if rows is not None:
+            c = self.costs.draft(rows)
+
+            def rate(alpha: float, k: int) -> float:  # expected tokens per second of a round drafting k
+                return expected_tokens(alpha, k) / (k * c + self.costs.target(rows * (k + 1)))
+
+            pays = any(rate(1.0, k) > rate(1.0, 0) for k in range(1, limit + 1))
+            probe = min(1, limit) if pays else 0
             if self.token_acceptance is None:
-                return min(1, limit)
-            alpha, c = self.token_acceptance, self.costs.draft(rows)
-            rate = [expected_tokens(alpha, k) / (k * c + self.costs.target(rows * (k + 1)))
-                    for k in range(limit + 1)]
-            return self._probe(max(range(limit + 1), key=rate.__getitem__), min(1, limit))
-        return self._probe(limit if self._worth(self.recent_acceptance, 0) else 0, limit)
+                return probe
+            return self._probe(max(range(limit + 1), key=lambda k: rate(self.token_acceptance, k)), probe)
+        probe = limit if self._worth(1.0, 0) else 0
+        return self._probe(limit if self._worth(self.recent_acceptance, 0) else 0, probe)
 
     @torch.no_grad()
     def decide(self, state: MDPState) -> bool:

@@ -14,8 +14,8 @@ the seed's value / policy networks by fitted value iteration.
    max(0, V(state_{i+1})), S_i the product of the labels so far, iterated (fitted value
    iteration) with lambda the throughput its own stopping rule reaches on the traces;
    PolicyNetwork: CONTINUE iff y_i > 0, by classification.
-4. Measured costs (a draft step; target passes over 1..max_draft+1 tokens, through a robust
-   affine fit of the measured times) as the priors of the CostModel. Everything is written to one safetensors file.
+4. Measured costs (a draft step; target passes over 1..max_draft+1 tokens: one token as
+   measured, longer passes through a robust affine fit) as the priors of the CostModel. Everything is written to one safetensors file.
 """
 
 from __future__ import annotations

@@ -99,18 +99,31 @@ def test_rollback_by_row_leaves_exact_caches(tiny_pair):
 
 
 def test_cost_aware_policy_stops_drafting_when_the_batch_makes_passes_dear():
-    """Costs in which a pass over 2 rows costs as much as over 1, but beyond 8 rows every row costs in full:
-    at 1 row drafting pays, at 16 rows it does not (and a probe comes every probe_every rounds)."""
-    costs = CostModel({1: 0.001, 16: 0.01}, {1: 0.1, 2: 0.1, 4: 0.11, 8: 0.12, 16: 0.24, 32: 0.48, 48: 0.72})
+    """Costs in which a pass over 2 rows costs as much as over 1, but beyond 8 rows every row costs
+    more: at 1 row drafting pays at acceptance 0.5, at 16 rows it does not (and a probe comes
+    every probe_every rounds)."""
+    costs = CostModel({1: 0.001, 16: 0.01}, {1: 0.1, 2: 0.1, 4: 0.11, 8: 0.12, 16: 0.24, 32: 0.4})
     policy = CostAwarePolicy(AcceptancePredictor(), costs, probe_every=3)
     assert policy.begin_round(50, rows=16) == 1  # the first batch round measures alpha
-    policy.observe(1, 0.8, 0.01, 0.48, rows=16)
-    assert policy.token_acceptance == pytest.approx(0.8)
+    policy.observe(1, 0.5, 0.01, 0.4, rows=16)
+    assert policy.token_acceptance == pytest.approx(0.5)
     assert policy.begin_round(50, rows=1) >= 2
     # every 4th round probes; a probe that does not bring drafting back doubles the gap
     assert [policy.begin_round(50, rows=16) for _ in range(12)] == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0]
-    policy.observe(1, 1.0, 0.02, 0.5, rows=16)  # a probe where every row accepted its token
-    assert policy.token_acceptance > 0.8 and costs.target(32) > 0.48
+    policy.observe(1, 1.0, 0.01, 0.4, rows=16)  # a probe where every row accepted its token
+    assert policy.token_acceptance > 0.5
+
+
+def test_cost_aware_policy_never_probes_where_drafting_cannot_pay():
+    """The priors say a 2-token pass over 16 rows costs 0.4 s (drafting would pay at acceptance 1);
+    the first probe measures 0.5 s, twice a 1-token pass: from then on no round drafts."""
+    costs = CostModel({1: 0.001, 16: 0.01}, {1: 0.1, 2: 0.1, 4: 0.11, 8: 0.12, 16: 0.24, 32: 0.4})
+    policy = CostAwarePolicy(AcceptancePredictor(), costs, probe_every=3)
+    assert policy.begin_round(50, rows=16) == 1
+    policy.observe(1, 1.0, 0.01, 0.5, rows=16)
+    assert costs.target(32) == pytest.approx(0.5)
+    assert [policy.begin_round(50, rows=16) for _ in range(40)] == [0] * 40
+    assert policy.begin_round(50, rows=1) >= 1  # one row: a 2-token pass costs what a 1-token pass does
 
 
 def test_geometric_acceptance_inverts_the_expected_accepted_length():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec_fast import fast_generate
-from specdec_fast.bench.e2e import affine_fit, expected_tokens
+from specdec_fast.bench.e2e import affine_fit, expected_tokens, step_costs
 from specdec_fast.bench.efficiency import EfficiencyBenchmark
 from specdec_fast.bench.microbench import bytes_read, make_inputs
 from specdec_fast.bench.policies import modelled_tps, oracle
@@ -30,6 +30,14 @@ def test_affine_fit_ignores_one_noisy_size():
     seconds = {n: 0.05 + 0.004 * n for n in range(1, 10)} | {3: 0.09}  # n = 3 measured in a noisy burst
     intercept, slope = affine_fit(seconds)
     assert intercept == pytest.approx(0.05) and slope == pytest.approx(0.004)
+
+
+def test_step_costs_keep_the_one_token_pass_and_fit_the_longer_ones(tiny_pair):
+    costs = step_costs(*tiny_pair, [1, 2, 3, 4], max_k=4, repeats=3)
+    fit = costs["target_fit_s"]
+    assert sorted(fit) == [1, 2, 3, 4, 5] and fit[1] == costs["target_step_s"]
+    assert fit[4] - fit[3] == pytest.approx(fit[3] - fit[2]) == pytest.approx(fit[5] - fit[4])  # one line over n >= 2
+    assert costs["c"] == pytest.approx(costs["draft_step_s"] / costs["target_step_s"])
 
 
 def test_modelled_tokens_per_second_and_the_oracle():

@@ -141,7 +141,10 @@ def test_cost_model_interpolates_and_learns():
     costs = CostModel(0.01, {1: 0.10, 3: 0.14}, smoothing=0.5)
     assert costs.target(2) == pytest.approx(0.12) and costs.target(5) == pytest.approx(0.18)  # extrapolated
     costs.update(drafted=2, draft_s=0.04, target_s=0.2)  # observed: 0.02 s per draft step, T(3) = 0.2 s
-    assert costs.draft() == pytest.approx(0.015) and costs.target(3) == pytest.approx(0.17)
+    assert costs.draft() == pytest.approx(0.02) and costs.target(3) == pytest.approx(0.2)  # measured beats the prior
+    costs.update(drafted=2, draft_s=0.08, target_s=0.3)  # then measurements are averaged
+    assert costs.draft() == pytest.approx(0.03) and costs.target(3) == pytest.approx(0.25)
+    assert costs.target(2) == pytest.approx(0.175)  # between T(1)'s prior and T(3) as measured
 
 
 def test_cost_aware_policy_drafts_only_when_it_pays():
@@ -151,8 +154,11 @@ def test_cost_aware_policy_drafts_only_when_it_pays():
         predictor.net[-1].bias.fill_(5.0)
     cheap = CostAwarePolicy(predictor, CostModel(0.001, {1: 0.1, 2: 0.101, 9: 0.108}))
     assert cheap.begin_round(50) == 8 and cheap.decide(state())
-    dear = CostAwarePolicy(predictor, CostModel(0.5, {1: 0.1, 2: 0.2}), probe_every=3)
+    # recent acceptance 0.5 does not pay for 0.08 s of a round's 0.1 s, acceptance 1 would: probe
+    dear = CostAwarePolicy(predictor, CostModel(0.02, {1: 0.1, 2: 0.16}), probe_every=3)
     assert [dear.begin_round(50) for _ in range(4)] == [0, 0, 0, 8]  # the fourth round probes
+    hopeless = CostAwarePolicy(predictor, CostModel(0.5, {1: 0.1, 2: 0.2}), probe_every=3)
+    assert [hopeless.begin_round(50) for _ in range(20)] == [0] * 20  # even acceptance 1 would not pay
 
 
 def test_save_and_load_round_trip(tmp_path):

@@ -50,14 +50,19 @@ def affine_fit(seconds: dict[int, float]) -> tuple[float, float]:
 def step_costs(target, draft, ids: list[int], max_k: int, repeats: int = 15) -> dict:
     """Median one-token pass times and v(k) as measured, with both caches holding ``ids`` (the
     target's first: a feature draft reads its features); and ``target_fit_s``, the target's pass
-    times over n = 1..max_k + 1 tokens from :func:`affine_fit` of those measurements (what cost
-    models should use)."""
+    times over n = 1..max_k + 1 tokens (what cost models should use): T(1) as measured, T(n >= 2)
+    from :func:`affine_fit` of the n >= 2 measurements. One line through all of them would
+    understate the step from 1 to 2 tokens (transformers' one-token decode needs no attention
+    mask; here v(1) measured 1.15-1.21 where a fit through n = 1..9 said 1.07)."""
     target_s = pass_seconds(target, ids, 1, repeats)
     draft_s = pass_seconds(draft, ids, 1, repeats)
     verify = {k: pass_seconds(target, ids, k + 1, repeats) / target_s for k in range(1, max_k + 1)}
-    intercept, slope = affine_fit({1: target_s} | {k + 1: v * target_s for k, v in verify.items()})
+    many = {k + 1: v * target_s for k, v in verify.items()}  # passes over n >= 2 tokens
+    if len(many) > 1:
+        intercept, slope = affine_fit(many)
+        many = {n: intercept + slope * n for n in many}
     return dict(target_step_s=target_s, draft_step_s=draft_s, c=draft_s / target_s, v=verify,
-                target_fit_s={n: intercept + slope * n for n in range(1, max_k + 2)})
+                target_fit_s={1: target_s} | many)
 
 
 def _hf_assisted(target, draft, ids: list[int], temperature: float, max_new_tokens: int) -> float:
