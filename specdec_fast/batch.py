@@ -209,10 +209,13 @@ def batch_generate(
     committed = [ids.tolist() for ids in requests]
     stats = [GenerationStats(prompt_tokens=len(ids)) for ids in committed]
     active = list(range(batch))  # request of each cache row
-    if max(len(ids) for ids in committed) > 1:  # the target's cache holds all committed tokens but the last
-        target_lm.extend(*right_aligned([ids[:-1] for ids in committed]), 1)
+    if max(len(ids) for ids in committed) > 1:  # both caches hold all committed tokens but the last
+        for lm in (target_lm, draft_lm):
+            if lm is not None:
+                lm.extend(*right_aligned([ids[:-1] for ids in committed]), 1)
         for s in stats:
             s.target_calls += 1
+            s.draft_calls += draft_lm is not None
     for s in stats:
         s.prefill_s = time.perf_counter() - start
     draft_lengths: list[int] = []

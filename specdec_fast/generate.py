@@ -233,9 +233,11 @@ def fast_generate(
     stats = GenerationStats(prompt_tokens=prompt_len)
     target_lm.reset()
     draft_lm.reset()
-    if prompt_len > 1:  # the target's cache holds all committed tokens but the last
-        target_lm.extend(ids[: n - 1], 1)
+    if prompt_len > 1:  # both caches hold all committed tokens but the last (the target's first:
+        target_lm.extend(ids[: n - 1], 1)  # a feature draft reads its features), so the first
+        draft_lm.extend(ids[: n - 1], 1)  # round costs what later rounds cost
         stats.target_calls += 1
+        stats.draft_calls += 1
     stats.prefill_s = time.perf_counter() - start
     if streamer is not None:
         streamer.put(prompt_tensor)
