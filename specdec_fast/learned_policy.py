@@ -24,6 +24,7 @@ from torch import nn
 from .policy import FEATURES, MDPState, SpeculativePolicy
 
 RATIO_CAP = 4.0  # the ratio head predicts E[min(RATIO_CAP, p/q)] / RATIO_CAP
+PRIOR_TOKENS = 4.0  # the batch rule's prior on alpha (0.5) weighs as much as this many drafted tokens
 # The shipped policies, one per SmolLM2 draft kind (``specdec-fast train-policy --draft KIND``).
 POLICY_FILES = {"token": Path(__file__).parent / "data" / "policy.safetensors",
                 "feature": Path(__file__).parent / "data" / "policy_feature.safetensors"}
@@ -152,7 +153,7 @@ class CostAwarePolicy(SpeculativePolicy):
     ``limit`` tokens; one in a batch round), so the acceptance estimate can recover when the
     text gets easier. Each probe that does not bring drafting back doubles the gap to the
     next one (up to 16 ``probe_every``): a probe of a large batch is dear. The first batch
-    round is a probe, so alpha starts from a measurement rather than a guess. No probe is
+    round is a probe, so alpha soon rests on a measurement (see ``token_acceptance``). No probe is
     made where the current costs say drafting would lose even if every draft were accepted
     (a large batch on a CPU): there is nothing to find out.
     """
@@ -162,12 +163,21 @@ class CostAwarePolicy(SpeculativePolicy):
         super().__init__(max_draft_tokens)
         self.predictor, self.costs, self.block = predictor.eval(), costs, verifier == "block"
         self.probe_every = probe_every
-        self.token_acceptance: float | None = None  # running per-token acceptance (alpha) of batch rounds
+        self.alpha_sum, self.alpha_weight = 0.5 * PRIOR_TOKENS, PRIOR_TOKENS  # see token_acceptance
+        self.batch_probed = False
         self.tokens, self.seconds = 1.0, costs.target(1)  # running throughput = tokens / seconds
         self.skipped, self.gap = 0, probe_every  # rounds without drafting; rounds until the next probe
 
     def throughput(self) -> float:
         return self.tokens / self.seconds
+
+    @property
+    def token_acceptance(self) -> float:
+        """alpha of the batch rule: each batch round's per-token acceptance weighted by the tokens it
+        drafted (rows x length), decaying with ``smoothing`` per round, from a prior of 0.5 worth
+        PRIOR_TOKENS tokens. A one-token probe of one row (alpha 0 or 1) moves it only part way:
+        taken at face value, one lucky probe had a single sequence drafting 8 tokens a round."""
+        return self.alpha_sum / self.alpha_weight
 
     def _worth(self, gain: float, drafted: int) -> bool:
         """Is one more draft token (after `drafted`) with expected gain `gain` worth its cost?"""
@@ -198,7 +208,8 @@ class CostAwarePolicy(SpeculativePolicy):
 
             pays = any(rate(1.0, k) > rate(1.0, 0) for k in range(1, limit + 1))
             probe = min(1, limit) if pays else 0
-            if self.token_acceptance is None:
+            if probe and not self.batch_probed:
+                self.batch_probed = True
                 return probe
             return self._probe(max(range(limit + 1), key=lambda k: rate(self.token_acceptance, k)), probe)
         probe = limit if self._worth(1.0, 0) else 0
@@ -220,8 +231,8 @@ class CostAwarePolicy(SpeculativePolicy):
         if rows is not None:
             if drafted:
                 alpha = geometric_acceptance(accepted, drafted)
-                last = self.token_acceptance
-                self.token_acceptance = alpha if last is None else a * last + (1 - a) * alpha
+                self.alpha_sum = a * self.alpha_sum + rows * drafted * alpha
+                self.alpha_weight = a * self.alpha_weight + rows * drafted
             return
         self.tokens = a * self.tokens + (1 - a) * (accepted + 1)
         self.seconds = a * self.seconds + (1 - a) * (draft_s + target_s)

@@ -126,6 +126,16 @@ def test_cost_aware_policy_never_probes_where_drafting_cannot_pay():
     assert policy.begin_round(50, rows=1) >= 1  # one row: a 2-token pass costs what a 1-token pass does
 
 
+def test_one_lucky_probe_does_not_make_alpha_one():
+    policy = CostAwarePolicy(AcceptancePredictor(), CostModel(0.001, {1: 0.1, 2: 0.1, 9: 0.2}))
+    assert policy.token_acceptance == 0.5 and policy.begin_round(50, rows=1) == 1  # the prior; a probe
+    policy.observe(1, 1.0, 0.001, 0.1, rows=1)  # its one token accepted
+    assert 0.5 < policy.token_acceptance < 0.7
+    for _ in range(30):  # then rounds of 4 drafts where nothing is accepted
+        policy.observe(4, 0.0, 0.004, 0.1, rows=1)
+    assert policy.token_acceptance < 0.05 and policy.begin_round(50, rows=1) == 0
+
+
 def test_geometric_acceptance_inverts_the_expected_accepted_length():
     for alpha in (0.1, 0.5, 0.9):
         for k in (1, 3, 6):

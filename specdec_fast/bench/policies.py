@@ -11,11 +11,11 @@ from a run that drafts the longest fixed length K token-wise, each round with a 
 tokens would have drafted exactly those a (stopping before the first rejection) and
 emitted the same a + 1. Its tokens/s is modelled: a round of d drafts costs d draft steps
 plus one target pass over d + 1 tokens, at the costs measured in the run (step_costs'
-target_fit_s: the one-token pass as measured, longer passes through an affine fit). Every method's tokens/s is also
-reported modelled the same way from its own rounds ("modelled_tps"): free of the timing
-noise, so policies and the oracle compare on equal terms (it leaves out the loop's own
-overhead, which the measured tokens/s include). The best fixed length is chosen in hindsight on the
-same prompts, by measured tokens/s.
+target_fit_s: the one-token pass as measured, longer passes through an affine fit).
+Every method's tokens/s is also reported modelled the same way from its own rounds
+("modelled_tps"): free of the timing noise, so policies and the oracle compare on equal
+terms (it leaves out the loop's own overhead, which the measured tokens/s include). The
+best fixed length is chosen in hindsight on the same prompts, by measured tokens/s.
 
 Block vs token-wise on the same drafts: in that run, every round's drafts and target
 logits are verified again by both rules with 64 fresh uniform draws each, so the two
