@@ -86,37 +86,47 @@ def _interpolate(table: dict[int, float], n: int) -> float:
 class CostModel:
     """Seconds of a draft step over r sequences, c(r), and of a target pass over n token rows,
     T(n) (a round of one sequence with k drafts is a pass over n = k + 1 rows, of a batch of
-    B sequences over n = B (k + 1)): priors (measured when the policy was trained) until the
-    loop measures a size, then what it measures, as an exponential moving average; linear
-    between and beyond the sizes known. A size's first measurement replaces its prior: the
-    priors come from one sequence on the training machine, and a batch's passes turn
-    compute-bound at sizes they only extrapolate (at 8 rows a 2-token pass measured 2.2x a
-    1-token pass where the prior said 1.4x).
+    B sequences over n = B (k + 1)); linear between and beyond the sizes known.
+
+    A size the loop has measured costs what it measured (an exponential moving average; the
+    first measurement replaces the prior: priors come from one sequence, and a batch's passes
+    turn compute-bound at sizes they only extrapolate, at 8 rows a 2-token pass measured 2.2x
+    a 1-token pass where the prior said 1.4x). A size not measured yet costs its prior
+    (measured when the policy was trained) times the running ratio of measured to prior
+    seconds at sizes within the priors' range: the machine may run faster or slower than it
+    did then, and a loop that always drafts never measures T(1) itself.
     """
 
     def __init__(self, draft_step_s: float | dict[int, float], target_pass_s: dict[int, float], smoothing: float = 0.8):
-        self.draft_step_s = dict(draft_step_s) if isinstance(draft_step_s, dict) else {1: float(draft_step_s)}
-        self.target_pass_s = dict(target_pass_s)
+        self.priors = {"draft": dict(draft_step_s) if isinstance(draft_step_s, dict) else {1: float(draft_step_s)},
+                       "target": dict(target_pass_s)}
         self.smoothing = smoothing
-        self.measured: set[tuple[str, int]] = set()  # ("draft", rows) and ("target", n) seen by update()
+        self.measured: dict[str, dict[int, float]] = {"draft": {}, "target": {}}
+        self.scale: dict[str, float | None] = {"draft": None, "target": None}  # measured / prior
 
-    def _learn(self, table: dict[int, float], kind: str, size: int, seconds: float) -> None:
-        a = self.smoothing if (kind, size) in self.measured else 0.0
-        table[size] = a * _interpolate(table, size) + (1 - a) * seconds
-        self.measured.add((kind, size))
+    def _cost(self, kind: str, size: int) -> float:
+        scale = self.scale[kind] or 1.0
+        return _interpolate({n: t * scale for n, t in self.priors[kind].items()} | self.measured[kind], size)
+
+    def _learn(self, kind: str, size: int, seconds: float) -> None:
+        a, measured, priors = self.smoothing, self.measured[kind], self.priors[kind]
+        measured[size] = a * measured[size] + (1 - a) * seconds if size in measured else seconds
+        if size <= max(priors):
+            ratio, last = seconds / _interpolate(priors, size), self.scale[kind]
+            self.scale[kind] = ratio if last is None else a * last + (1 - a) * ratio
 
     def draft(self, rows: int = 1) -> float:
         """c(rows): one draft step of ``rows`` sequences."""
-        return _interpolate(self.draft_step_s, rows)
+        return self._cost("draft", rows)
 
     def target(self, n: int) -> float:
         """T(n): one target pass over n token rows."""
-        return _interpolate(self.target_pass_s, n)
+        return self._cost("target", n)
 
     def update(self, drafted: int, draft_s: float, target_s: float, rows: int = 1) -> None:
         if drafted:
-            self._learn(self.draft_step_s, "draft", rows, draft_s / drafted)
-        self._learn(self.target_pass_s, "target", rows * (drafted + 1), target_s)
+            self._learn("draft", rows, draft_s / drafted)
+        self._learn("target", rows * (drafted + 1), target_s)
 
 
 def expected_tokens(alpha: float, k: int) -> float:

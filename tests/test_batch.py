@@ -115,13 +115,14 @@ def test_cost_aware_policy_stops_drafting_when_the_batch_makes_passes_dear():
 
 
 def test_cost_aware_policy_never_probes_where_drafting_cannot_pay():
-    """The priors say a 2-token pass over 16 rows costs 0.4 s (drafting would pay at acceptance 1);
-    the first probe measures 0.5 s, twice a 1-token pass: from then on no round drafts."""
-    costs = CostModel({1: 0.001, 16: 0.01}, {1: 0.1, 2: 0.1, 4: 0.11, 8: 0.12, 16: 0.24, 32: 0.4})
+    """The priors (one sequence, up to 10 tokens) say a pass costs the same at any size, so drafting
+    would pay; the first probe at 16 rows measures a 2-token pass at 0.5 s, 2.5 times what the
+    line through 10 and 32 rows then says of a 1-token pass: from then on no round drafts there."""
+    costs = CostModel({1: 0.001}, {1: 0.1, 2: 0.1, 10: 0.1})
     policy = CostAwarePolicy(AcceptancePredictor(), costs, probe_every=3)
     assert policy.begin_round(50, rows=16) == 1
     policy.observe(1, 1.0, 0.01, 0.5, rows=16)
-    assert costs.target(32) == pytest.approx(0.5)
+    assert costs.target(32) == pytest.approx(0.5) and costs.target(16) == pytest.approx(0.1 + 0.4 * 6 / 22)
     assert [policy.begin_round(50, rows=16) for _ in range(40)] == [0] * 40
     assert policy.begin_round(50, rows=1) >= 1  # one row: a 2-token pass costs what a 1-token pass does
 

@@ -140,11 +140,14 @@ def test_fixed_length_validates():
 def test_cost_model_interpolates_and_learns():
     costs = CostModel(0.01, {1: 0.10, 3: 0.14}, smoothing=0.5)
     assert costs.target(2) == pytest.approx(0.12) and costs.target(5) == pytest.approx(0.18)  # extrapolated
-    costs.update(drafted=2, draft_s=0.04, target_s=0.2)  # observed: 0.02 s per draft step, T(3) = 0.2 s
-    assert costs.draft() == pytest.approx(0.02) and costs.target(3) == pytest.approx(0.2)  # measured beats the prior
-    costs.update(drafted=2, draft_s=0.08, target_s=0.3)  # then measurements are averaged
-    assert costs.draft() == pytest.approx(0.03) and costs.target(3) == pytest.approx(0.25)
-    assert costs.target(2) == pytest.approx(0.175)  # between T(1)'s prior and T(3) as measured
+    costs.update(drafted=2, draft_s=0.04, target_s=0.21)  # observed: 0.02 s per draft step, T(3) = 0.21 s
+    assert costs.draft() == pytest.approx(0.02) and costs.target(3) == pytest.approx(0.21)  # measured beats the prior
+    assert costs.target(1) == pytest.approx(0.15)  # not measured: its prior x 1.5, the measured / prior ratio
+    costs.update(drafted=2, draft_s=0.08, target_s=0.35)  # then measurements are averaged
+    assert costs.draft() == pytest.approx(0.03) and costs.target(3) == pytest.approx(0.28)
+    assert costs.target(1) == pytest.approx(0.2) and costs.target(2) == pytest.approx(0.24)  # ratio (1.5 + 2.5) / 2
+    costs.update(drafted=0, draft_s=0.0, target_s=0.1)  # T(1) measured
+    assert costs.target(1) == pytest.approx(0.1)
 
 
 def test_cost_aware_policy_drafts_only_when_it_pays():
