@@ -1,9 +1,11 @@
 """Batched speculative decoding benchmark (``benchmarks/batch.py``, ``specdec-fast batch-bench``).
 
 For each batch size B, the first B held-out prompts run as one batch, side by side in
-each repeat: batched autoregressive decoding of the target (the baseline), batch_generate
-with fixed draft lengths, and with the shipped cost-aware policy. Speedups are medians over
-repeats of the ratio to the baseline of the same repeat. The batched pass costs explain
+each repeat: batch_generate with fixed draft lengths and with the shipped cost-aware policy,
+each run right after its own run of batched autoregressive decoding of the target (the
+baseline), because this VM's speed drifts within a repeat (a baseline run after the k = 4
+runs measured 5-15% slower than one before them). Speedups are medians over repeats of
+the ratio to the paired baseline run. The batched pass costs explain
 the result: T_B(n), a target pass over B rows of n tokens; v_B(k) = T_B(k+1) / T_B(1);
 c_B, a draft step over B rows / T_B(1); the Leviathan prediction for length k is
 E[N] / (k c_B + v_B(k)) with the acceptance measured at that length.
@@ -48,7 +50,8 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
     target, draft = bench.target, bench.draft
     warmup(target, draft)
     settings = dict(max_new_tokens=max_new_tokens, eos_token_id=())
-    methods = {BASELINE: lambda ids, seeds, t: batch_generate(target, None, input_ids=ids, temperature=t, seeds=seeds, **settings)}
+    baseline = lambda ids, seeds, t: batch_generate(target, None, input_ids=ids, temperature=t, seeds=seeds, **settings)
+    methods = {}
     for k in lengths:
         methods[f"k={k}"] = lambda ids, seeds, t, k=k: batch_generate(target, draft, input_ids=ids, temperature=t, seeds=seeds,
                                                                        num_draft_tokens=k, **settings)
@@ -61,13 +64,16 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
         runs = []
         for repeat in range(repeats):
             for temperature in temperatures:
+                seeds = [repeat * batch + i for i in range(batch)]
                 for name, method in methods.items():
-                    out = method(prompts, [repeat * batch + i for i in range(batch)], temperature)
-                    drafted = sum(o.stats.drafted for o in out.outputs)
-                    runs.append(dict(prompt=repeat, temperature=temperature, method=name, verifier="-",
-                                     tps=out.tokens_per_second,
-                                     acceptance=sum(o.stats.accepted for o in out.outputs) / drafted if drafted else 0.0,
-                                     mean_k=statistics.mean(out.draft_lengths)))
+                    pair = f"{repeat}/{name}"  # the baseline run paired with this method's run
+                    for method_name, out in ((BASELINE, baseline(prompts, seeds, temperature)),
+                                             (name, method(prompts, seeds, temperature))):
+                        drafted = sum(o.stats.drafted for o in out.outputs)
+                        runs.append(dict(prompt=pair, temperature=temperature, method=method_name, verifier="-",
+                                         tps=out.tokens_per_second,
+                                         acceptance=sum(o.stats.accepted for o in out.outputs) / drafted if drafted else 0.0,
+                                         mean_k=statistics.mean(out.draft_lengths)))
         summary = EfficiencyBenchmark.compare_with_baseline(runs, BASELINE)
         t1 = costs["target_s"][1]
         for s in summary:
@@ -117,7 +123,7 @@ def table(data: dict) -> str:
     cross = ", ".join(f"T={t}: {'B=' + str(b) if b else 'none up to B=' + str(data['settings']['batches'][-1])}"
                       for t, b in data["crossover"].items())
     return (f"{speed}\n\nSpeedup: median over {data['settings']['repeats']} repeats of tokens/s over batched autoregressive "
-            f"decoding; a = acceptance rate; pred = Leviathan prediction from a, c_B, v_B(k).\n\n{costs}\n\n"
+            f"decoding run just before (autoregressive tok/s: median of those runs); a = acceptance rate; pred = Leviathan prediction from a, c_B, v_B(k).\n\n{costs}\n\n"
             f"Crossover (smallest B where no fixed draft length beats autoregressive): {cross}.")
 
 
