@@ -5,7 +5,8 @@ each repeat: batch_generate with fixed draft lengths and with the shipped cost-a
 each run right after its own run of batched autoregressive decoding of the target (the
 baseline), because this VM's speed drifts within a repeat (a baseline run after the k = 4
 runs measured 5-15% slower than one before them). Speedups are medians over repeats of
-the ratio to the paired baseline run. The batched pass costs explain
+the ratio to the paired baseline run; a second autoregressive run, paired like the others,
+shows what a ratio of identical work measures. The batched pass costs explain
 the result: T_B(n), a target pass over B rows of n tokens; v_B(k) = T_B(k+1) / T_B(1);
 c_B, a draft step over B rows / T_B(1); the Leviathan prediction for length k is
 E[N] / (k c_B + v_B(k)) with the acceptance measured at that length.
@@ -55,6 +56,7 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
     for k in lengths:
         methods[f"k={k}"] = lambda ids, seeds, t, k=k: batch_generate(target, draft, input_ids=ids, temperature=t, seeds=seeds,
                                                                        num_draft_tokens=k, **settings)
+    methods["autoregressive again"] = baseline  # A/A control: the noise and order bias of a pair
     methods["cost-aware"] = lambda ids, seeds, t: batch_generate(target, draft, input_ids=ids, temperature=t, seeds=seeds,
                                                                  policy=default_policy(), **settings)
     results = []
