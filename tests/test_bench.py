@@ -69,13 +69,28 @@ def test_efficiency_benchmark_runs_side_by_side_and_compares():
         assert s.new_tokens == 6
         return dict(tps=3.0 * len(ids), acceptance=s.acceptance_rate)
 
-    methods = {"base": lambda ids, settings: dict(tps=float(len(ids)), acceptance=0.0), "spec": speculative}
-    runs = bench.run(methods)
-    assert len(runs) == 3 * 2 * 2 and seen[0] == ((ord("a") % 16, ord("b") % 16), 0.0, 0)
+    order = []
+
+    def base(ids, settings):
+        order.append("base")
+        return dict(tps=float(len(ids)) * (1 + len(order)), acceptance=0.0)  # the machine slows down: paired ratios see it
+
+    def other(ids, settings):
+        order.append("other")
+        return dict(tps=float(len(ids)) * (1 + len(order)), acceptance=0.0)
+
+    methods = {"base": base, "spec": speculative, "other": other}
+    runs = bench.run(methods, "base")
+    assert len(runs) == 3 * 2 * 4 and seen[0] == ((ord("a") % 16, ord("b") % 16), 0.0, 0)
+    assert [r["method"] for r in runs[:4]] == ["base", "spec", "base", "other"] and runs[1]["pair"] == runs[0]["pair"] != runs[2]["pair"]
     summary = EfficiencyBenchmark.compare_with_baseline(runs, "base")
-    assert [(s["temperature"], s["method"]) for s in summary] == [(0.0, "base"), (0.0, "spec"), (1.0, "base"), (1.0, "spec")]
+    assert [(s["temperature"], s["method"]) for s in summary] == [
+        (0.0, "base"), (0.0, "spec"), (0.0, "other"), (1.0, "base"), (1.0, "spec"), (1.0, "other")]
+    for s, first in ((summary[1], 0), (summary[2], 2)):  # each ratio is to its own baseline run, just before it
+        pairs = zip(runs[first::4], runs[first + 1 :: 4])
+        assert s["speedup"] == pytest.approx(statistics.median(r["tps"] / b["tps"] for b, r in pairs if r["temperature"] == 0))
     spec = summary[1]
-    assert spec["speedup"] == pytest.approx(3.0) and spec["tps"] == pytest.approx(3.0 * 4)  # median of 6, 15, 12
+    assert spec["tps"] == pytest.approx(3.0 * 4)  # median of 6, 15, 12
     assert spec["acceptance"] == statistics.median(r["acceptance"] for r in runs if r["method"] == "spec" and r["temperature"] == 0)
 
 

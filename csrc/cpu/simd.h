@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace specdec {
 
@@ -63,10 +66,15 @@ inline vfloat exp_nonpositive(vfloat x) {
   p = p * r + 1.6666521e-1f;
   p = p * r + 4.9999994e-1f;
   p = p * (r * r) + (r + 1.0f);
+#if defined(__AVX512F__)
+  const vfloat scaled = (vfloat)_mm512_scalef_ps((__m512)p, (__m512)n);  // p 2^n in one instruction
+#else
   const vint bits = (__builtin_convertvector(n, vint) + 127) << 23;
   vfloat two_n;
   std::memcpy(&two_n, &bits, sizeof two_n);
-  return x < -87.33654f ? vfloat{} : p * two_n;
+  const vfloat scaled = p * two_n;
+#endif
+  return x < -87.33654f ? vfloat{} : scaled;
 }
 
 }  // namespace specdec

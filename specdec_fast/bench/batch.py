@@ -72,7 +72,7 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
                     for method_name, out in ((BASELINE, baseline(prompts, seeds, temperature)),
                                              (name, method(prompts, seeds, temperature))):
                         drafted = sum(o.stats.drafted for o in out.outputs)
-                        runs.append(dict(prompt=pair, temperature=temperature, method=method_name, verifier="-",
+                        runs.append(dict(prompt=repeat, pair=pair, temperature=temperature, method=method_name, verifier="-",
                                          tps=out.tokens_per_second,
                                          acceptance=sum(o.stats.accepted for o in out.outputs) / drafted if drafted else 0.0,
                                          mean_k=statistics.mean(out.draft_lengths)))

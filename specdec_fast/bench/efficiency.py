@@ -2,9 +2,11 @@
 ``benchmarks/policies.py``.
 
 It runs decoding methods over a prompt set side by side: for each prompt and temperature
-every method runs back to back, so each ratio compares runs made seconds apart on the same
-machine state. :meth:`compare_with_baseline` reduces the runs to medians over prompts, with
-speedups as medians of per-prompt ratios to the baseline method.
+every method runs right after its own run of the baseline method, so each ratio compares two
+runs made seconds apart on the same machine state (this VM's speed drifts within a burst of
+runs: a baseline run once before a fixed sequence of methods measured the later ones 5-15%
+slow). :meth:`compare_with_baseline` reduces the runs to medians over prompts, with speedups
+as medians of per-prompt ratios to the paired baseline run.
 """
 
 from __future__ import annotations
@@ -50,25 +52,28 @@ class EfficiencyBenchmark:
     def prompt_ids(self, index: int) -> list[int]:
         return chat_prompt_ids(self.tokenizer, self.prompts[index]["prompt"], chat=True)
 
-    def run(self, methods: dict[str, Method], desc: str = "prompts") -> list[dict]:
-        """One row per (prompt, temperature, method): its labels and the method's metrics. Greedy
-        and sampled runs use seed = prompt index and generate exactly max_new_tokens (EOS off)."""
+    def run(self, methods: dict[str, Method], baseline: str, desc: str = "prompts") -> list[dict]:
+        """Rows of labels and metrics: per (prompt, temperature), for each method other than
+        ``baseline`` (a key of ``methods``), a run of the baseline, then one of the method, both
+        labelled pair = "<prompt>/<method>". Greedy and sampled runs use seed = prompt index and
+        generate exactly max_new_tokens (EOS off)."""
         runs = []
         for i, p in enumerate(tqdm(self.prompts, desc=desc)):
             ids = self.prompt_ids(i)
             for temperature in self.temperatures:
                 settings = dict(max_new_tokens=self.max_new_tokens, temperature=temperature, seed=i, eos_token_id=())
-                for name, method in methods.items():
-                    runs.append(dict(dict(prompt=i, kind=p["kind"], temperature=temperature, method=name, verifier="-"),
-                                     **method(ids, settings)))
+                for name in [m for m in methods if m != baseline]:
+                    for label in (baseline, name):
+                        runs.append(dict(dict(prompt=i, pair=f"{i}/{name}", kind=p["kind"], temperature=temperature,
+                                              method=label, verifier="-"), **methods[label](ids, settings)))
         return runs
 
     @staticmethod
     def compare_with_baseline(runs: list[dict], baseline: str) -> list[dict]:
-        """Per (temperature, verifier, method), in order of appearance: the median over prompts of
-        every numeric metric, and ``speedup``, the median over prompts of tps / the baseline's tps
-        on the same prompt and temperature."""
-        base = {(r["prompt"], r["temperature"]): r["tps"] for r in runs if r["method"] == baseline}
+        """Per (temperature, verifier, method), in order of appearance: the median over runs of
+        every numeric metric, and ``speedup``, the median over runs of tps / the tps of the
+        baseline run with the same ``pair`` label and temperature."""
+        base = {(r["pair"], r["temperature"]): r["tps"] for r in runs if r["method"] == baseline}
         groups: dict[tuple, list[dict]] = {}
         for r in runs:
             groups.setdefault((r["temperature"], r["verifier"], r["method"]), []).append(r)
@@ -78,7 +83,7 @@ class EfficiencyBenchmark:
                        if isinstance(value, (int, float)) and key not in ("prompt", "temperature")]
             entry = dict(temperature=temperature, verifier=verifier, method=method)
             entry |= {key: statistics.median(r[key] for r in rows) for key in numeric}
-            entry["speedup"] = statistics.median(r["tps"] / base[r["prompt"], r["temperature"]] for r in rows)
+            entry["speedup"] = statistics.median(r["tps"] / base[r["pair"], r["temperature"]] for r in rows)
             summary.append(entry)
         return summary
 

@@ -1,7 +1,7 @@
 """Draft-length policies x verifiers on the default pair (``benchmarks/policies.py``, ``specdec-fast policies``).
 
-On held-out prompts, at each temperature, side by side per prompt: the target alone; then
-for the token-wise and the block verifier, fixed draft lengths, transformers' heuristic
+On held-out prompts, at each temperature, side by side per prompt, each run right after its
+own run of the target alone: for the token-wise and the block verifier, fixed draft lengths, transformers' heuristic
 schedule, the confidence threshold, the entropy rule (AdaEDL), the learned cost-aware
 policy, and the seed's value and policy networks. Reported per method: median tokens/s
 (and speedup over the target alone), target calls per new token, mean accepted length.
@@ -110,10 +110,10 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
     methods = {"target alone": alone} | {f"{name} | {verifier}": speculative(name, make, verifier)
                                          for verifier in ("token", "block")
                                          for name, make in policy_factories(lengths, draft_kind).items()}
-    runs = bench.run(methods, desc="policies")
+    runs = bench.run(methods, "target alone", desc="policies")
     same_drafts = []
     for r in [r for r in runs if "oracle" in r]:
-        labels = dict(prompt=r["prompt"], kind=r["kind"], temperature=r["temperature"])
+        labels = dict(prompt=r["prompt"], pair=r["pair"], kind=r["kind"], temperature=r["temperature"])
         runs.append(dict(labels, method="oracle", verifier="token", **r.pop("oracle")))
         same_drafts.append(dict(labels, k=max(lengths), **r.pop("same_drafts")))
     summary = summarize(runs)

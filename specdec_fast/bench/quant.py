@@ -6,7 +6,8 @@ quantization (``torch.ao.quantization.quantize_dynamic``, deprecated in torch 2.
 for comparison). Both quantize the draft's decoder layers (``nn.Linear``); the restricted
 LM head stays fp32 (skinny kernel). For each variant: the draft step cost c (one-token
 draft pass / one-token target pass) and, on held-out prompts side by side with the target
-alone, acceptance and tokens/s of ``fast_generate`` at a fixed draft length.
+alone (each run right after its own run of the target alone), acceptance and tokens/s of
+``fast_generate`` at a fixed draft length.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def run(num_prompts: int, k: int, temperatures: list[float], max_new_tokens: int
             st = fast_generate(target, draft, p, num_draft_tokens=k, **s).stats
             return dict(tps=st.tokens_per_second, acceptance=st.acceptance_rate)
         methods[f"{name} k={k}"] = method
-    runs = bench.run(methods, desc="prompts")
+    runs = bench.run(methods, "target alone", desc="prompts")
     summary = EfficiencyBenchmark.compare_with_baseline(runs, "target alone")
     data = dict(machine=machine(), settings=dict(prompts=len(bench.prompts), k=k, temperatures=temperatures,
                                                  max_new_tokens=max_new_tokens),
