@@ -2,11 +2,12 @@
 
 On the held-out prompts, side by side per prompt, each run right after its own run of (a)
 the target alone, KV-cached: (b) transformers' assisted generation with the same draft;
-(c) fast_generate with fixed draft lengths; and (a) again, an A/A control. Also the
-measured cost ratio c (draft pass / target pass) and verify cost
-v(k) ((k+1)-token target pass / one-token pass), and for each length the Leviathan
-prediction E[N] / (k c + v(k)) with E[N] = (1 - a^(k+1)) / (1 - a) from the measured
-acceptance rate a, against which the measured speedup is set.
+(c) fast_generate with fixed draft lengths; and (a) again, an A/A control. For each
+length, the Leviathan prediction E[N] / (k c + v(k)) with E[N] = (1 - a^(k+1)) / (1 - a)
+from the measured acceptance rate a, the cost ratio c (draft step / one-token target pass)
+and verify cost v(k) ((k+1)-token target pass / one-token pass) as timed inside the runs,
+against which the measured speedup is set; and, for reference, the same prediction from
+passes timed in isolation before the runs.
 """
 
 from __future__ import annotations

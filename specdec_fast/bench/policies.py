@@ -1,8 +1,8 @@
 """Draft-length policies x verifiers on the default pair (``benchmarks/policies.py``, ``specdec-fast policies``).
 
 On held-out prompts, at each temperature, side by side per prompt, each run right after its
-own run of the target alone: for the token-wise and the block verifier, fixed draft lengths, transformers' heuristic
-schedule, the confidence threshold, the entropy rule (AdaEDL), the learned cost-aware
+own run of the target alone: for the token-wise and the block verifier, fixed draft
+lengths, transformers' heuristic schedule, the confidence threshold, the entropy rule (AdaEDL), the learned cost-aware
 policy, and the seed's value and policy networks. Reported per method: median tokens/s
 (and speedup over the target alone), target calls per new token, mean accepted length.
 
