@@ -60,6 +60,11 @@ class GenerationStats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
 
     @property
+    def target_pass_s(self) -> float:
+        """Mean seconds of one target pass after the prefill (target_s over those passes)."""
+        return self.target_s / (self.target_calls - 1) if self.target_calls > 1 else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         """New tokens / wall time (prefill included)."""
         return self.new_tokens / self.wall_s if self.wall_s else 0.0

@@ -23,7 +23,7 @@ from ..batch import BatchedLM, right_aligned, batch_generate
 from ..generate import warmup
 from ..learned_policy import default_policy, expected_tokens
 from .common import RESULTS, machine, markdown_table, median_time, write_results
-from .efficiency import EfficiencyBenchmark
+from .efficiency import EfficiencyBenchmark, paired_order
 
 BASELINE = "autoregressive"
 
@@ -52,7 +52,7 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
     warmup(target, draft)
     settings = dict(max_new_tokens=max_new_tokens, eos_token_id=())
     baseline = lambda ids, seeds, t: batch_generate(target, None, input_ids=ids, temperature=t, seeds=seeds, **settings)
-    methods = {}
+    methods = {BASELINE: baseline}
     for k in lengths:
         methods[f"k={k}"] = lambda ids, seeds, t, k=k: batch_generate(target, draft, input_ids=ids, temperature=t, seeds=seeds,
                                                                        num_draft_tokens=k, **settings)
@@ -67,15 +67,13 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
         for repeat in range(repeats):
             for temperature in temperatures:
                 seeds = [repeat * batch + i for i in range(batch)]
-                for name, method in methods.items():
-                    pair = f"{repeat}/{name}"  # the baseline run paired with this method's run
-                    for method_name, out in ((BASELINE, baseline(prompts, seeds, temperature)),
-                                             (name, method(prompts, seeds, temperature))):
-                        drafted = sum(o.stats.drafted for o in out.outputs)
-                        runs.append(dict(prompt=repeat, pair=pair, temperature=temperature, method=method_name, verifier="-",
-                                         tps=out.tokens_per_second,
-                                         acceptance=sum(o.stats.accepted for o in out.outputs) / drafted if drafted else 0.0,
-                                         mean_k=statistics.mean(out.draft_lengths)))
+                for name, label in paired_order(methods, BASELINE):
+                    out = methods[label](prompts, seeds, temperature)
+                    drafted = sum(o.stats.drafted for o in out.outputs)
+                    runs.append(dict(prompt=repeat, pair=f"{repeat}/{name}", temperature=temperature, method=label, verifier="-",
+                                     tps=out.tokens_per_second,
+                                     acceptance=sum(o.stats.accepted for o in out.outputs) / drafted if drafted else 0.0,
+                                     mean_k=statistics.mean(out.draft_lengths)))
         summary = EfficiencyBenchmark.compare_with_baseline(runs, BASELINE)
         t1 = costs["target_s"][1]
         for s in summary:

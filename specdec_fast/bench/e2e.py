@@ -91,12 +91,12 @@ def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int],
             s = fast_generate(*pair, ids, num_draft_tokens=k, **settings).stats
             return dict(k=k, tps=s.tokens_per_second, acceptance=s.acceptance_rate,
                         accepted_length=s.mean_accepted_length, per_position=s.per_position_acceptance,
-                        pass_s=s.target_s / s.rounds, draft_token_s=s.draft_s / max(s.drafted, 1))
+                        pass_s=s.target_pass_s, draft_token_s=s.draft_s / max(s.drafted, 1))
         return method
 
     def alone(ids, settings):
         s = generate_autoregressive(target, ids, **settings).stats
-        return dict(tps=s.tokens_per_second, pass_s=s.target_s / (s.target_calls - 1))  # calls: prefill + passes
+        return dict(tps=s.tokens_per_second, pass_s=s.target_pass_s)
 
     methods = {
         "target": alone,

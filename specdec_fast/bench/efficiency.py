@@ -25,6 +25,12 @@ from .common import RESULTS
 Method = Callable[[list[int], dict], dict]
 
 
+def paired_order(methods: dict, baseline: str) -> list[tuple[str, str]]:
+    """The run order (pair, method label): every method other than ``baseline`` right after a
+    run of ``baseline``, both in the pair named after the method."""
+    return [(name, label) for name in methods if name != baseline for label in (baseline, name)]
+
+
 @dataclass
 class EfficiencyBenchmark:
     """Methods x prompts x temperatures on one target/draft pair (the draft is the methods' business)."""
@@ -62,10 +68,9 @@ class EfficiencyBenchmark:
             ids = self.prompt_ids(i)
             for temperature in self.temperatures:
                 settings = dict(max_new_tokens=self.max_new_tokens, temperature=temperature, seed=i, eos_token_id=())
-                for name in [m for m in methods if m != baseline]:
-                    for label in (baseline, name):
-                        runs.append(dict(dict(prompt=i, pair=f"{i}/{name}", kind=p["kind"], temperature=temperature,
-                                              method=label, verifier="-"), **methods[label](ids, settings)))
+                for name, label in paired_order(methods, baseline):
+                    runs.append(dict(dict(prompt=i, pair=f"{i}/{name}", kind=p["kind"], temperature=temperature,
+                                          method=label, verifier="-"), **methods[label](ids, settings)))
         return runs
 
     @staticmethod
