@@ -182,16 +182,18 @@ def _devices(name: str) -> tuple[str, ...]:
 AUTO_ORDER = {"cpu": ("cpu",), "cuda": ("cuda", "triton")}  # fastest first, per tensor device
 
 
+def unavailable(name: str) -> str | None:
+    """Why backend ``name`` cannot run here, or None if it can (loads it, building on first call)."""
+    try:
+        LOADERS[name]()
+        return None
+    except RuntimeError as error:
+        return str(error)
+
+
 def backends() -> dict[str, str | None]:
     """Every backend and why it cannot run here (None if it can). Builds kernels on first call."""
-    status: dict[str, str | None] = {"torch": None}
-    for name, load in LOADERS.items():
-        try:
-            load()
-            status[name] = None
-        except RuntimeError as error:
-            status[name] = str(error)
-    return status
+    return {"torch": None} | {name: unavailable(name) for name in LOADERS}
 
 
 @functools.cache

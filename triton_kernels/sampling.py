@@ -14,18 +14,27 @@ csrc/cpu/sampling.h, so every backend draws the same kept sets and tokens:
 Every loop walks the vocabulary in tiles of BLOCK entries; row pointers are int64.
 """
 
+import os
+
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 RESIDUAL_EPS = tl.constexpr(1e-6)  # specdec_fast/reference/verify.py
 TILE = 4096  # vocabulary entries per loop step (one kernel specialisation for every V)
+# tl.exp compiles to the GPU's approximate exp2 of x log2(e), whose relative error grows with |x|
+# (3e-5 at x = -450); libdevice's expf is within 2 ulp, as the C++ kernels' exp. The interpreter
+# has no libdevice, and its tl.exp is numpy's.
+PRECISE_EXP = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
 @triton.jit
 def scaled_tile(row_ptr, offs, V, t):
     """z = logits / t over one tile (fp32), -inf past the row's end."""
     x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-    return x / tl.where(t == 0, 1.0, t)  # greedy rows divide by 1, as the reference does
+    # A correctly rounded division, as torch's (a GPU's `/` in Triton is approximate, 2 ulp);
+    # greedy rows divide by 1, as the reference does.
+    return tl.math.div_rn(x, tl.where(t == 0, 1.0, t))
 
 
 @triton.jit
@@ -39,7 +48,11 @@ def order_key(z):
 @triton.jit
 def exp_shifted(z, m):
     """exp(z - m), 0 where z is -inf (also when m is -inf)."""
-    return tl.where(z == float("-inf"), 0.0, tl.exp(z - m))
+    if PRECISE_EXP:
+        e = libdevice.exp(z - m)
+    else:
+        e = tl.exp(z - m)
+    return tl.where(z == float("-inf"), 0.0, e)
 
 
 @triton.jit
@@ -147,7 +160,7 @@ def row_dist(row_ptr, V, t, top_k, top_p, BLOCK: tl.constexpr):
 @triton.jit
 def prob_of(logit, x, t, argmax, min_key, m, inv_sum):
     """p(x) from x's logit, in float64 then rounded to fp32."""
-    z = logit.to(tl.float32) / tl.where(t == 0, 1.0, t)
+    z = tl.math.div_rn(logit.to(tl.float32), tl.where(t == 0, 1.0, t))
     p = tl.exp(z.to(tl.float64) - m.to(tl.float64)) * inv_sum
     p = tl.where(order_key(z) >= min_key, p, 0.0).to(tl.float32)
     return tl.where(argmax >= 0, tl.where(x == argmax, 1.0, 0.0), p)

@@ -21,13 +21,63 @@ namespace specdec::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kItems = 8;  // consecutive entries per thread in a sampling tile
+constexpr int kWarps = kThreads / 32;
+constexpr int kUnroll = 32;  // loads in flight per thread in a streaming pass over a row
+constexpr int kItems = 16;   // consecutive entries per thread in a sampling tile
 constexpr int kTile = kThreads * kItems;
 constexpr float kResidualEps = 1e-6f;  // reference/verify.py RESIDUAL_EPS
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+// Streams this thread's entries i = threadIdx.x + n kThreads of row[0, V) in chunks:
+// chunk(first, x, n) gets x[r] = row[first + r kThreads] for r < n and -inf for r >= n (n <
+// kUnroll only at the row's end). A chunk's loads are all issued before any value is used:
+// one block per row needs that many bytes in flight to stream at the memory's rate.
+template <typename T, typename F>
+__device__ __forceinline__ void stream_chunks(const T* row, int64_t V, F chunk) {
+  for (int64_t start = 0; start < V; start += int64_t{kThreads} * kUnroll) {
+    const int64_t first = start + threadIdx.x;
+    const int n = first < V ? static_cast<int>(min(int64_t{kUnroll}, (V - first + kThreads - 1) / kThreads)) : 0;
+    float x[kUnroll];
+#pragma unroll
+    for (int r = 0; r < kUnroll; ++r) x[r] = r < n ? to_float(row[first + r * kThreads]) : -INFINITY;
+    chunk(first, x, n);
+  }
+}
+
+// Calls f(i, row[i] as float) for this thread's entries, in increasing i.
+template <typename T, typename F>
+__device__ __forceinline__ void stream_row(const T* row, int64_t V, F f) {
+  stream_chunks(row, V, [&](int64_t first, const float (&x)[kUnroll], int n) {
+#pragma unroll
+    for (int r = 0; r < kUnroll; ++r)
+      if (r < n) f(first + r * kThreads, x[r]);
+  });
+}
+
+// x[i] = row[first + i] for i < kItems (0 past V), in 16-byte loads where the entries allow.
+template <typename T>
+__device__ __forceinline__ void load_items(const T* row, int64_t first, int64_t V, float (&x)[kItems]) {
+  static_assert(sizeof(T) * kItems % 16 == 0, "a thread's items are whole 16-byte words");
+  const T* src = row + first;
+  if (first + kItems <= V && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    alignas(16) T v[kItems];
+#pragma unroll
+    for (int w = 0; w < static_cast<int>(sizeof(v) / 16); ++w)
+      reinterpret_cast<uint4*>(v)[w] = reinterpret_cast<const uint4*>(src)[w];
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) x[i] = to_float(v[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kItems; ++i) x[i] = first + i < V ? to_float(src[i]) : 0.0f;
+  }
+}
+
+// z = x / t, without the division when t == 1 (the same value: a correctly rounded division
+// costs more instructions than the rest of a streaming pass's work on an entry).
+__device__ __forceinline__ float scaled(float x, float t) { return t == 1.0f ? x : x / t; }
 
 __device__ __forceinline__ uint32_t order_key(float z) {
   const uint32_t bits = __float_as_uint(z);
@@ -51,24 +101,27 @@ __device__ V block_reduce(V v, Op op) {
   return out;
 }
 
-// Exclusive prefix sum of v over the block's threads (in thread order); *total gets the sum.
-__device__ double block_exclusive_scan(double v, double* total) {
-  __shared__ double warp_sums[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  double x = v;
+// Inclusive prefix sum of v over the warp's lanes.
+__device__ __forceinline__ double warp_inclusive_scan(double v) {
+  const int lane = threadIdx.x & 31;
   for (int offset = 1; offset < 32; offset <<= 1) {
-    const double y = __shfl_up_sync(0xffffffffu, x, offset);
-    if (lane >= offset) x += y;
+    const double y = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += y;
   }
+  return v;
+}
+
+// Exclusive prefix sum of v over the block's threads (in thread order). The total, the sum of
+// the warps' sums in warp order, is what tile_sums records for the same values.
+__device__ double block_exclusive_scan(double v) {
+  __shared__ double warp_sums[kWarps];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const double x = warp_inclusive_scan(v);
   __syncthreads();
   if (lane == 31) warp_sums[warp] = x;
   __syncthreads();
-  double before = 0.0, all = 0.0;
-  for (int w = 0; w < kThreads / 32; ++w) {
-    if (w < warp) before += warp_sums[w];
-    all += warp_sums[w];
-  }
-  *total = all;
+  double before = 0.0;
+  for (int w = 0; w < warp; ++w) before += warp_sums[w];
   return before + x - v;
 }
 
@@ -89,7 +142,7 @@ struct RowDist {
   template <typename T>
   __device__ float prob(T logit, int64_t x) const {
     if (argmax >= 0) return x == argmax ? 1.0f : 0.0f;
-    const float z = to_float(logit) / temperature;
+    const float z = scaled(to_float(logit), temperature);
     return order_key(z) >= min_key ? static_cast<float>(exp(static_cast<double>(z) - max) * inv_sum) : 0.0f;
   }
   // The sampling weight of p at an entry (fp32, as the CPU and Triton kernels compute it).
@@ -102,10 +155,9 @@ template <typename T>
 __device__ int64_t argmax_row(const T* row, int64_t V) {
   float best = -INFINITY;
   int64_t best_idx = INT64_MAX;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float x = to_float(row[i]);
+  stream_row(row, V, [&](int64_t i, float x) {
     if (x > best || best_idx == INT64_MAX) best = x, best_idx = i;  // strided: the first of a thread's ties
-  }
+  });
   const float m = block_reduce(best, Max{});
   return block_reduce(best == m ? best_idx : INT64_MAX, Min{});
 }
@@ -115,11 +167,11 @@ template <typename T>
 __device__ double weight_above(const T* row, int64_t V, float t, int64_t probe, uint32_t min_key, float m,
                                double total, bool use_p) {
   double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float z = to_float(row[i]) / t;
+  stream_row(row, V, [&](int64_t, float x) {
+    const float z = scaled(x, t);
     const uint32_t key = order_key(z);
     if (key > probe && key >= min_key) acc += use_p ? exp(static_cast<double>(z) - m) / total : 1.0;
-  }
+  });
   return block_reduce(acc, Sum{});
 }
 
@@ -138,10 +190,10 @@ __device__ uint32_t smallest_kept_key(const T* row, int64_t V, float t, double l
 template <typename T>
 __device__ double kept_sum(const T* row, int64_t V, const RowDist& d) {
   double acc = 0.0;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float z = to_float(row[i]) / d.temperature;
+  stream_row(row, V, [&](int64_t, float x) {
+    const float z = scaled(x, d.temperature);
     if (order_key(z) >= d.min_key && z != -INFINITY) acc += expf(z - d.max);
-  }
+  });
   return block_reduce(acc, Sum{});
 }
 
@@ -153,30 +205,37 @@ __device__ RowDist row_dist(const T* row, int64_t V, Sampling s) {
     return d;
   }
   if ((s.top_k <= 0 || s.top_k >= V) && s.top_p >= 1.0f) {  // the hot path: one read, online max and sum
+    // The running max moves once per chunk, so a chunk's exps are independent of each other
+    // (no chain of dependent instructions from one entry to the next).
     float m = -INFINITY;
     double sum = 0.0;
-    for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-      const float z = to_float(row[i]) / s.temperature;
-      if (z == -INFINITY) continue;
-      if (z > m) sum = sum * exp(static_cast<double>(m) - z) + 1.0, m = z;
-      else sum += expf(z - m);
-    }
+    stream_chunks(row, V, [&](int64_t, const float (&x)[kUnroll], int) {
+      float z[kUnroll], chunk_max = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < kUnroll; ++r) z[r] = scaled(x[r], s.temperature), chunk_max = fmaxf(chunk_max, z[r]);
+      if (chunk_max == -INFINITY) return;  // no finite entry
+      if (chunk_max > m) sum = m == -INFINITY ? 0.0 : sum * exp(static_cast<double>(m) - chunk_max), m = chunk_max;
+      double part = 0.0;
+#pragma unroll
+      for (int r = 0; r < kUnroll; ++r) part += expf(z[r] - m);  // -inf entries add 0
+      sum += part;
+    });
     d.max = block_reduce(m, Max{});
     sum = m == -INFINITY ? 0.0 : sum * exp(static_cast<double>(m) - d.max);
     d.inv_sum = 1.0 / block_reduce(sum, Sum{});
     return d;
   }
   float m = -INFINITY;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) m = fmaxf(m, to_float(row[i]) / s.temperature);
+  stream_row(row, V, [&](int64_t, float x) { m = fmaxf(m, scaled(x, s.temperature)); });
   d.max = block_reduce(m, Max{});  // the max is always kept
   if (s.top_k > 0 && s.top_k < V)
     d.min_key = smallest_kept_key(row, V, s.temperature, static_cast<double>(s.top_k), 0u, d.max, 1.0, false);
   if (s.top_p < 1.0f) {  // the kept set is decided on p in double, as in the reference
     double total = 0.0;
-    for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-      const float z = to_float(row[i]) / s.temperature;
+    stream_row(row, V, [&](int64_t, float x) {
+      const float z = scaled(x, s.temperature);
       if (order_key(z) >= d.min_key) total += exp(static_cast<double>(z) - d.max);
-    }
+    });
     total = block_reduce(total, Sum{});
     d.min_key = smallest_kept_key(row, V, s.temperature, static_cast<double>(s.top_p), d.min_key, d.max, total, true);
   }
@@ -184,58 +243,95 @@ __device__ RowDist row_dist(const T* row, int64_t V, Sampling s) {
   return d;
 }
 
-// Sampling weight of entry i: p(i), or max(scale p(i) - q[i], 0) if `residual`.
-template <typename T>
-__device__ __forceinline__ float weight_at(const T* row, const float* q, int64_t i, const RowDist& d, bool residual,
-                                           float scale) {
-  const float p = d.weight(to_float(row[i]) / d.temperature);
-  return residual ? fmaxf(scale * p - q[i], 0.0f) : p;
-}
+// Sampling tiles: kTile consecutive entries, kItems consecutive ones per thread, so that
+// the cumulative sum over a tile is a sum per thread, then a scan over the block.
+__host__ __device__ constexpr int64_t num_tiles(int64_t V) { return (V + kTile - 1) / kTile; }
 
-// The sums of max(scale p - q, 0) (if `rejected`) and of p over the row, in double, in one read.
+// The sampler's shared memory: the warps' sums of every tile's weights, p then residual.
+__host__ __device__ constexpr size_t sampler_bytes(int64_t V) { return 2 * num_tiles(V) * kWarps * sizeof(double); }
+
+// This thread's items of the tile at `start`: p[i] = p(x), r[i] = max(scale p(x) - q(x), 0)
+// if q, x = start + threadIdx.x * kItems + i; 0 past V.
 template <typename T>
-__device__ void weight_totals(const T* row, const float* q, int64_t V, const RowDist& d, bool rejected, float scale,
-                              double* residual, double* total) {
-  double r = 0.0, t = 0.0;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float p = weight_at(row, q, i, d, false, 1.0f);
-    t += p;
-    if (rejected) r += fmaxf(scale * p - q[i], 0.0f);
+__device__ __forceinline__ void tile_weights(const T* row, const float* q, int64_t start, int64_t V, const RowDist& d,
+                                             float scale, float (&p)[kItems], float (&r)[kItems]) {
+  const int64_t first = start + threadIdx.x * kItems;
+  float x[kItems], qx[kItems];
+  load_items(row, first, V, x);
+  if (q != nullptr) load_items(q, first, V, qx);
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    p[i] = first + i < V ? d.weight(scaled(x[i], d.temperature)) : 0.0f;
+    r[i] = q != nullptr ? fmaxf(scale * p[i] - qx[i], 0.0f) : 0.0f;
   }
-  *residual = block_reduce(r, Sum{});
-  *total = block_reduce(t, Sum{});
 }
 
-// Inverse CDF: the smallest x with cumsum(w)[x] >= u * total and w[x] > 0, in double. Tiles
-// of kTile entries, kItems consecutive ones per thread; only the tile that holds the
-// target is scanned.
+__device__ __forceinline__ double sum_items(const float (&w)[kItems]) {
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) sum += w[i];
+  return sum;
+}
+
+// One read of the row: records in `parts` each warp's sum of each tile's weights, p and (if
+// q) max(scale p - q, 0), in the order the sampler's scan adds them.
+template <typename T>
+__device__ void tile_sums(const T* row, const float* q, int64_t V, const RowDist& d, float scale, double* parts) {
+  const int64_t tiles = num_tiles(V);
+  const int warp = threadIdx.x >> 5;
+  __syncthreads();  // the readers of the previous sums are done
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    float p[kItems], r[kItems];
+    tile_weights(row, q, tile * kTile, V, d, scale, p, r);
+    const double sp = warp_inclusive_scan(sum_items(p)), sr = warp_inclusive_scan(sum_items(r));
+    if ((threadIdx.x & 31) == 31) parts[tile * kWarps + warp] = sp, parts[(tiles + tile) * kWarps + warp] = sr;
+  }
+  __syncthreads();
+}
+
+// A tile's total from the warps' sums (`parts` of one weight kind), added as block_exclusive_scan does.
+__device__ __forceinline__ double tile_total(const double* parts, int64_t tile) {
+  double total = 0.0;
+  for (int w = 0; w < kWarps; ++w) total += parts[tile * kWarps + w];
+  return total;
+}
+
+__device__ double row_total(const double* parts, int64_t tiles) {
+  double total = 0.0;
+  for (int64_t tile = 0; tile < tiles; ++tile) total += tile_total(parts, tile);
+  return total;
+}
+
+// Inverse CDF: the smallest x with cumsum(w)[x] >= u * total and w[x] > 0, in double, where w
+// is p or (residual) max(scale p - q, 0) and `parts` holds its tile sums (tile_sums). Tiles
+// before the one that holds the target are skipped by their sums; the last entry of positive
+// weight catches rounding past the end.
 template <typename T>
 __device__ int64_t sample_row(const T* row, const float* q, int64_t V, const RowDist& d, bool residual, float scale,
-                              double total, float u) {
+                              const double* parts, double total, float u) {
   const double target = static_cast<double>(u) * total;
   double cum = 0.0;
-  int64_t last = -1;  // the last entry of positive weight: rounding past the end lands there
-  for (int64_t start = 0; start < V; start += kTile) {
-    const int64_t first = start + threadIdx.x * kItems;
-    float w[kItems];
-    double mine = 0.0;
-    for (int i = 0; i < kItems; ++i) {
-      w[i] = first + i < V ? weight_at(row, q, first + i, d, residual, scale) : 0.0f;
-      mine += w[i];
-      if (w[i] > 0.0f) last = first + i;
-    }
-    double tile_total;
-    double before = cum + block_exclusive_scan(mine, &tile_total);
-    if (cum + tile_total >= target) {
+  int64_t last = -1;
+  for (int64_t tile = 0; tile < num_tiles(V); ++tile) {
+    const double sum = tile_total(parts, tile);
+    if (cum + sum >= target) {
+      float w[kItems], r[kItems];
+      tile_weights(row, residual ? q : nullptr, tile * kTile, V, d, scale, w, r);
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) w[i] = residual ? r[i] : w[i];
+      const int64_t first = tile * kTile + threadIdx.x * kItems;
+      double before = cum + block_exclusive_scan(sum_items(w));
       int64_t found = INT64_MAX;
+#pragma unroll
       for (int i = 0; i < kItems; ++i) {
         before += w[i];
+        if (w[i] > 0.0f) last = first + i;
         if (found == INT64_MAX && w[i] > 0.0f && before >= target) found = first + i;
       }
       found = block_reduce(found, Min{});
       if (found != INT64_MAX) return found;
     }
-    cum += tile_total;
+    cum += sum;
   }
   last = block_reduce(last, Max{});
   return last < 0 ? 0 : last;
@@ -246,18 +342,23 @@ __device__ Sampling row_sampling(const float* temperature, const int64_t* top_k,
 }
 
 // The token emitted after `accepted` drafts of row b: argmax for greedy rows; else a sample
-// of max(scale p - q, 0) at a stop before the draft's end (p if that has no mass), of p at the end.
+// of max(scale p - q, 0) at a stop before the draft's end (p if that has no mass), of p at
+// the end. `known`: the stop row's distribution if the caller has it, else nullptr.
 template <typename T>
 __device__ int64_t stop_token(const T* rows, const float* q, const float* u, int64_t b, int64_t accepted, int64_t len,
-                              float scale, Sampling s, int64_t K, int64_t V) {
-  const RowDist d = row_dist(rows + accepted * V, V, s);
+                              float scale, Sampling s, int64_t K, int64_t V, const RowDist* known, double* parts) {
+  const T* row = rows + accepted * V;
+  const RowDist d = known != nullptr ? *known : row_dist(row, V, s);
   if (d.argmax >= 0) return d.argmax;  // the residual of a point mass is the point mass
   const bool rejected = accepted < len;
   const float* q_row = rejected ? q + (b * K + accepted) * V : nullptr;
-  double mass, total;
-  weight_totals(rows + accepted * V, q_row, V, d, rejected, scale, &mass, &total);
+  const int64_t tiles = num_tiles(V);
+  tile_sums(row, q_row, V, d, scale, parts);
+  const double mass = rejected ? row_total(parts + tiles * kWarps, tiles) : 0.0;
   const bool residual = rejected && static_cast<float>(mass) > kResidualEps;
-  return sample_row(rows + accepted * V, q_row, V, d, residual, scale, residual ? mass : total, u[b * (K + 1) + K]);
+  const double* sums = residual ? parts + tiles * kWarps : parts;
+  return sample_row(row, q_row, V, d, residual, scale, sums, residual ? mass : row_total(parts, tiles),
+                    u[b * (K + 1) + K]);
 }
 
 __device__ void emit(const int64_t* tokens, int64_t* accepted_out, int64_t* out, int64_t b, int64_t accepted, int64_t y,
@@ -269,66 +370,77 @@ __device__ void emit(const int64_t* tokens, int64_t* accepted_out, int64_t* out,
 // Token-wise: accept X_j while u_j q_j(X_j) <= p_j(X_j); then the stop token.
 template <typename T>
 __device__ void token_wise_row(const T* target, const float* q, const int64_t* tokens, int64_t len, Sampling s,
-                               const float* u, int64_t* accepted, int64_t* out, int64_t b, int64_t K, int64_t V) {
+                               const float* u, int64_t* accepted, int64_t* out, int64_t b, int64_t K, int64_t V,
+                               double* parts) {
   const T* rows = target + b * (K + 1) * V;
+  RowDist d{};
   int64_t j = 0;
   for (; j < len; ++j) {
-    const RowDist d = row_dist(rows + j * V, V, s);
+    d = row_dist(rows + j * V, V, s);
     const int64_t x = tokens[b * K + j];
     const float q_x = q[(b * K + j) * V + x];
     if (!(q_x > 0.0f && u[b * (K + 1) + j] * q_x <= d.prob(rows[j * V + x], x))) break;  // q(x) == 0: reject
   }
-  emit(tokens, accepted, out, b, j, stop_token(rows, q, u, b, j, len, 1.0f, s, K, V), K);
+  const int64_t y = stop_token(rows, q, u, b, j, len, 1.0f, s, K, V, j < len ? &d : nullptr, parts);
+  emit(tokens, accepted, out, b, j, y, K);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
 verify_kernel(const T* target, const float* q, const int64_t* tokens, const int64_t* lens, const float* temperature,
               const int64_t* top_k, const float* top_p, const float* u, int64_t* accepted, int64_t* out, int64_t K,
               int64_t V) {
+  extern __shared__ double parts[];
   const int64_t b = blockIdx.x;
-  token_wise_row(target, q, tokens, lens[b], row_sampling(temperature, top_k, top_p, b), u, accepted, out, b, K, V);
+  token_wise_row(target, q, tokens, lens[b], row_sampling(temperature, top_k, top_p, b), u, accepted, out, b, K, V,
+                 parts);
 }
 
 // Block verification (reference/verify_block.py): p_i = min(1, p_{i-1} P_i(X_i) / Q_i(X_i)),
 // h_i = r_i / (r_i + 1 - p_i) with r_i = sum max(p_i P_{i+1} - Q_{i+1}, 0), h_L = p_L,
 // tau = max{i : u_i <= h_i}.
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
 verify_block_kernel(const T* target, const float* q, const int64_t* tokens, const int64_t* lens,
                     const float* temperature, const int64_t* top_k, const float* top_p, const float* u,
                     int64_t* accepted, int64_t* out, int64_t K, int64_t V) {
+  extern __shared__ double parts[];
   const int64_t b = blockIdx.x, len = lens[b];
   const Sampling s = row_sampling(temperature, top_k, top_p, b);
   if (s.temperature == 0.0f) {  // point masses: block and token-wise accept the same matching prefix
-    token_wise_row(target, q, tokens, len, s, u, accepted, out, b, K, V);
+    token_wise_row(target, q, tokens, len, s, u, accepted, out, b, K, V, parts);
     return;
   }
   const T* rows = target + b * (K + 1) * V;
+  const int64_t tiles = num_tiles(V);
   double clipped = 1.0, clipped_tau = 1.0;  // p_j, and p_tau
   int64_t tau = 0;
+  RowDist d_tau{};  // row tau's distribution, once computed
   for (int64_t j = 0; j < len; ++j) {  // row j holds P_{j+1}; X_{j+1} = tokens[j]
     const RowDist d = row_dist(rows + j * V, V, s);
+    if (j == 0) d_tau = d;
     if (j > 0) {
-      double r, unused;
-      weight_totals(rows + j * V, q + (b * K + j) * V, V, d, true, static_cast<float>(clipped), &r, &unused);
-      const double denominator = r + 1.0 - clipped;
+      tile_sums(rows + j * V, q + (b * K + j) * V, V, d, static_cast<float>(clipped), parts);
+      const double r = row_total(parts + tiles * kWarps, tiles), denominator = r + 1.0 - clipped;
       if (static_cast<double>(u[b * (K + 1) + j - 1]) <= (denominator > 0.0 ? r / denominator : 1.0))
-        tau = j, clipped_tau = clipped;
+        tau = j, clipped_tau = clipped, d_tau = d;
     }
     const int64_t x = tokens[b * K + j];
     const float q_x = q[(b * K + j) * V + x];
     clipped = q_x > 0.0f ? fmin(1.0, clipped * d.prob(rows[j * V + x], x) / q_x) : 0.0;
   }
   if (len > 0 && static_cast<double>(u[b * (K + 1) + len - 1]) <= clipped) tau = len, clipped_tau = clipped;
-  emit(tokens, accepted, out, b, tau, stop_token(rows, q, u, b, tau, len, static_cast<float>(clipped_tau), s, K, V), K);
+  const int64_t y = stop_token(rows, q, u, b, tau, len, static_cast<float>(clipped_tau), s, K, V,
+                               tau < len ? &d_tau : nullptr, parts);
+  emit(tokens, accepted, out, b, tau, y, K);
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 1)
 draft_step_kernel(const T* logits, const float* temperature, const int64_t* top_k, const float* top_p,
                   const float* u, int64_t* tokens, float* probs, float* token_prob, float* entropy, float* top1,
                   int64_t V) {
+  extern __shared__ double parts[];
   const int64_t b = blockIdx.x;
   const T* row = logits + b * V;
   float* q = probs + b * V;
@@ -338,23 +450,26 @@ draft_step_kernel(const T* logits, const float* temperature, const int64_t* top_
   const bool greedy = samp.temperature == 0.0f;
   if (greedy) samp.temperature = 1.0f;
   const RowDist d = row_dist(row, V, samp);
-  // p, its total for the sampler, and H(p) = sum p (log(sum) - (z - max)) over p > 0.
+  // p, and H(p) = sum p (log(sum) - (z - max)) over p > 0.
   const float log_sum = static_cast<float>(-log(d.inv_sum));
-  double total = 0.0, h = 0.0;
-  for (int64_t i = threadIdx.x; i < V; i += kThreads) {
-    const float z = to_float(row[i]) / d.temperature, p = d.weight(z);
+  double h = 0.0;
+  stream_row(row, V, [&](int64_t i, float x) {
+    const float z = scaled(x, d.temperature), p = d.weight(z);
     q[i] = p;
-    total += p;
     if (p > 0.0f) h += p * (log_sum - (z - d.max));
-  }
-  total = block_reduce(total, Sum{});
+  });
   h = block_reduce(h, Sum{});
-  const int64_t x = greedy ? argmax_row(row, V) : sample_row(row, q, V, d, false, 1.0f, total, u[b]);
-  if (greedy)
+  int64_t x;
+  if (greedy) {
+    x = argmax_row(row, V);
     for (int64_t i = threadIdx.x; i < V; i += kThreads) q[i] = i == x ? 1.0f : 0.0f;
+  } else {
+    tile_sums(row, static_cast<const float*>(nullptr), V, d, 1.0f, parts);
+    x = sample_row(row, static_cast<const float*>(nullptr), V, d, false, 1.0f, parts, row_total(parts, num_tiles(V)), u[b]);
+  }
   if (threadIdx.x == 0) {
     tokens[b] = x;
-    token_prob[b] = d.weight(to_float(row[x]) / d.temperature);  // the formula p was written with
+    token_prob[b] = d.weight(scaled(to_float(row[x]), d.temperature));  // the formula p was written with
     entropy[b] = static_cast<float>(h);
     top1[b] = static_cast<float>(d.inv_sum);
   }
@@ -364,6 +479,20 @@ __global__ void philox_kernel(const int64_t* seed, const int64_t* offset, float*
   const int64_t b = blockIdx.x;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
     out[b * n + i] = philox_uniform(static_cast<uint64_t>(seed[b]), static_cast<uint64_t>(offset[b]) + i);
+}
+
+// Launches kernel<<<B, kThreads>>> with the sampler's shared memory, opted into above 48 KiB
+// (the launch fails, saying so, for vocabularies whose tile sums exceed the device's maximum).
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), int64_t B, int64_t V, cudaStream_t stream, Args... args) {
+  const size_t bytes = sampler_bytes(V);
+  if (bytes > 48 * 1024) {
+    const cudaError_t error =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (error != cudaSuccess) return error;
+  }
+  kernel<<<B, kThreads, bytes, stream>>>(args...);
+  return cudaGetLastError();
 }
 
 template <typename F>
@@ -384,10 +513,8 @@ cudaError_t verify(Dtype dtype, const void* target, const float* q, const int64_
   if (B == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    const auto kernel = block ? verify_block_kernel<T> : verify_kernel<T>;
-    kernel<<<B, kThreads, 0, stream>>>(static_cast<const T*>(target), q, tokens, lens, temperature, top_k, top_p, u,
-                                       accepted, out, K, V);
-    return cudaGetLastError();
+    return launch(block ? verify_block_kernel<T> : verify_kernel<T>, B, V, stream, static_cast<const T*>(target), q,
+                  tokens, lens, temperature, top_k, top_p, u, accepted, out, K, V);
   });
 }
 
@@ -397,9 +524,8 @@ cudaError_t draft_step(Dtype dtype, const void* logits, const float* temperature
   if (B == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    draft_step_kernel<T><<<B, kThreads, 0, stream>>>(static_cast<const T*>(logits), temperature, top_k, top_p, u,
-                                                      tokens, probs, token_prob, entropy, top1, V);
-    return cudaGetLastError();
+    return launch(draft_step_kernel<T>, B, V, stream, static_cast<const T*>(logits), temperature, top_k, top_p, u,
+                  tokens, probs, token_prob, entropy, top1, V);
   });
 }
 

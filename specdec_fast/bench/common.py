@@ -62,7 +62,8 @@ def write_results(name: str, data: dict, table: str, out_dir: Path = RESULTS) ->
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(data, indent=1))
     m = data["machine"]
-    header = f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, transformers {m['transformers']}, {m['date']}.\n\n"
+    gpu = f"{m['cuda']} GPU, " if m.get("cuda") else ""
+    header = f"Machine: {gpu}{m['cpu']}, {m['cores']} cores, torch {m['torch']}, transformers {m['transformers']}, {m['date']}.\n\n"
     (out_dir / f"{name}.md").write_text(header + table + "\n")
     return path
 

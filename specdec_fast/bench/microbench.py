@@ -10,16 +10,20 @@ Bytes model (what a fused verify must read): for each row, the target rows it vi
 (accepted positions, then the stop position) in the logits' dtype, plus the draft row at
 a rejected position (fp32), plus q(x) for each tested token. Achieved GB/s = bytes / time,
 set against the read bandwidth measured in the same run (a sum over a 1 GiB fp32 tensor).
+"rows mean/max": target rows visited per request, over the batch; a kernel with one block
+per request takes as long as its longest request, which the mean-based bytes model does
+not see (it matters on a GPU, where each block has its own share of the bandwidth).
 """
 
 from __future__ import annotations
 
+import inspect
 import itertools
 
 import torch
 from tqdm import tqdm
 
-from ..backends import AUTO_ORDER, backends, op
+from ..backends import AUTO_ORDER, op, unavailable
 from ..reference import verify_reference
 from .common import machine, markdown_table, time_samples, write_results
 
@@ -31,14 +35,15 @@ def read_bandwidth(device: str, repeats: int = 5) -> float:
 
 
 def make_inputs(batch: int, k: int, vocab: int, dtype: torch.dtype, seed: int = 0, device: str = "cpu"):
-    g = torch.Generator().manual_seed(seed)
-    logits = 2 * torch.randn(batch, k + 1, vocab, generator=g)
-    q = torch.softmax(logits[:, :k] + 0.7 * torch.randn(batch, k, vocab, generator=g), -1)
+    g = torch.Generator(device).manual_seed(seed)
+    on = dict(generator=g, device=device)
+    logits = 2 * torch.randn(batch, k + 1, vocab, **on)
+    q = torch.softmax(logits[:, :k] + 0.7 * torch.randn(batch, k, vocab, **on), -1)
     x = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
-    lens = torch.full((batch,), k, dtype=torch.int64)
-    sampling = (torch.ones(batch), torch.zeros(batch, dtype=torch.int64), torch.ones(batch))
-    u = 1 - torch.rand(batch, k + 1, generator=g)
-    return tuple(t.to(device) for t in (logits.to(dtype), q, x, lens, *sampling, u))
+    lens = torch.full((batch,), k, dtype=torch.int64, device=device)
+    sampling = tuple(t.to(device) for t in (torch.ones(batch), torch.zeros(batch, dtype=torch.int64), torch.ones(batch)))
+    u = 1 - torch.rand(batch, k + 1, **on)
+    return (logits.to(dtype), q, x, lens, *sampling, u)
 
 
 def bytes_read(args, num_accepted: torch.Tensor) -> int:
@@ -53,26 +58,30 @@ def hf_speculative_sampling(args):
     from transformers.generation.utils import _speculative_sampling
 
     logits, q, x = args[0], args[1], args[2]
-    return lambda: _speculative_sampling(x, q.log(), x.shape[1], logits.float())
+    # Older transformers (5.17, say) also take is_done_candidate (whether the draft ended on EOS).
+    older = "is_done_candidate" in inspect.signature(_speculative_sampling).parameters
+    extra = dict(is_done_candidate=False) if older else {}
+    return lambda: _speculative_sampling(x, q.log(), x.shape[1], logits.float(), **extra)
 
 
 def run(batches, lengths, vocabs, dtypes, repeats: int = 5, device: str = "cpu", out_name: str = "microbench") -> dict:
     """Time every backend that runs on ``device`` over the grid; writes ``<out_name>.{json,md,png}``."""
-    status = backends()
     kernels = {"torch": verify_reference}
-    kernels |= {name: op("verify", name) for name in AUTO_ORDER[device] if status[name] is None}
+    kernels |= {name: op("verify", name) for name in AUTO_ORDER[device] if unavailable(name) is None}
     bandwidth = read_bandwidth(device)
     rows = []
     grid = list(itertools.product(batches, lengths, vocabs, dtypes))
     for batch, k, vocab, dtype in tqdm(grid, desc="microbench"):
         args = make_inputs(batch, k, vocab, dtype, device=device)
-        moved = bytes_read(args, verify_reference(*args).num_accepted)
+        accepted = verify_reference(*args).num_accepted
+        moved = bytes_read(args, accepted)
         # The float64 reference is slow at the large sizes: fewer repeats keep the run short.
         times = {name: time_samples(lambda: fn(*args), repeats if name != "torch" else 3, device)
                  for name, fn in kernels.items()}
         hf = time_samples(hf_speculative_sampling(args), repeats, device)["median"] if batch == 1 else None
         for name, t in times.items():
             rows.append(dict(B=batch, K=k, V=vocab, dtype=str(dtype).removeprefix("torch."), backend=name,
+                             rows_mean=(accepted + 1).float().mean().item(), rows_max=(accepted + 1).max().item(),
                              ms=t["median"] * 1e3, ms_p20=t["p20"] * 1e3, ms_p80=t["p80"] * 1e3,
                              speedup_vs_torch=times["torch"]["median"] / t["median"],
                              speedup_vs_hf=hf / t["median"] if hf else None,
@@ -84,8 +93,9 @@ def run(batches, lengths, vocabs, dtypes, repeats: int = 5, device: str = "cpu",
 
 
 def table(data: dict) -> str:
-    head = ["B", "K", "V", "dtype", "backend", "ms (p20-p80)", "x torch", "x HF", "GB/s", "of read BW"]
-    body = [[r["B"], r["K"], r["V"], r["dtype"], r["backend"], f"{r['ms']:.3g} ({r['ms_p20']:.3g}-{r['ms_p80']:.3g})",
+    head = ["B", "K", "V", "dtype", "rows mean/max", "backend", "ms (p20-p80)", "x torch", "x HF", "GB/s", "of read BW"]
+    body = [[r["B"], r["K"], r["V"], r["dtype"], f"{r['rows_mean']:.2g}/{r['rows_max']}", r["backend"],
+             f"{r['ms']:.3g} ({r['ms_p20']:.3g}-{r['ms_p80']:.3g})",
              r["speedup_vs_torch"], r["speedup_vs_hf"] if r["speedup_vs_hf"] is not None else "-", r["gbps"],
              r["bandwidth_fraction"]] for r in data["rows"]]
     return (markdown_table(head, body) + f"\n\nDevice: {data['device']}. Measured read bandwidth: "
