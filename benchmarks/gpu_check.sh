@@ -21,9 +21,10 @@ timeout 200 python3 -c "from specdec_fast.backends import unavailable; print('cu
 wait
 echo "builds: ${SECONDS} s" | tee -a "$OUT/gpu.txt"
 
-# Kernel tests on the GPU: the ids of the cuda and triton params end in "-cuda" there.
+# Kernel tests on the GPU: the ids of the cuda and triton params end in "-cuda" there
+# (TESTS="cuda and not triton": the CUDA kernels only).
 SECONDS=0
-timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider --durations=8 -k cuda \
+timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider --durations=8 -k "${TESTS:-cuda}" \
     tests/test_backends.py tests/test_verify.py tests/test_verify_block.py tests/test_fuzz.py 2>&1 | tee "$OUT/tests.log" | tail -n 40
 echo "tests: ${SECONDS} s" | tee -a "$OUT/gpu.txt"
 
