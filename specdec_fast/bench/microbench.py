@@ -41,7 +41,8 @@ def make_inputs(batch: int, k: int, vocab: int, dtype: torch.dtype, seed: int = 
     q = torch.softmax(logits[:, :k] + 0.7 * torch.randn(batch, k, vocab, **on), -1)
     x = torch.multinomial(q.reshape(-1, vocab), 1, generator=g).reshape(batch, k)
     lens = torch.full((batch,), k, dtype=torch.int64, device=device)
-    sampling = tuple(t.to(device) for t in (torch.ones(batch), torch.zeros(batch, dtype=torch.int64), torch.ones(batch)))
+    sampling = (torch.ones(batch, device=device), torch.zeros(batch, dtype=torch.int64, device=device),
+                torch.ones(batch, device=device))
     u = 1 - torch.rand(batch, k + 1, **on)
     return (logits.to(dtype), q, x, lens, *sampling, u)
 
@@ -75,13 +76,13 @@ def run(batches, lengths, vocabs, dtypes, repeats: int = 5, device: str = "cpu",
         args = make_inputs(batch, k, vocab, dtype, device=device)
         accepted = verify_reference(*args).num_accepted
         moved = bytes_read(args, accepted)
+        visited = dict(rows_mean=(accepted + 1).float().mean().item(), rows_max=(accepted + 1).max().item())
         # The float64 reference is slow at the large sizes: fewer repeats keep the run short.
         times = {name: time_samples(lambda: fn(*args), repeats if name != "torch" else 3, device)
                  for name, fn in kernels.items()}
         hf = time_samples(hf_speculative_sampling(args), repeats, device)["median"] if batch == 1 else None
         for name, t in times.items():
-            rows.append(dict(B=batch, K=k, V=vocab, dtype=str(dtype).removeprefix("torch."), backend=name,
-                             rows_mean=(accepted + 1).float().mean().item(), rows_max=(accepted + 1).max().item(),
+            rows.append(dict(B=batch, K=k, V=vocab, dtype=str(dtype).removeprefix("torch."), backend=name, **visited,
                              ms=t["median"] * 1e3, ms_p20=t["p20"] * 1e3, ms_p80=t["p80"] * 1e3,
                              speedup_vs_torch=times["torch"]["median"] / t["median"],
                              speedup_vs_hf=hf / t["median"] if hf else None,
