@@ -21,14 +21,29 @@ timeout 200 python3 -c "from specdec_fast.backends import unavailable; print('cu
 wait
 echo "builds: ${SECONDS} s" | tee -a "$OUT/gpu.txt"
 
+# One call of each CUDA op first, with a short limit: a kernel that faults or hangs stops the check here.
+timeout 60 python3 -c "
+import torch, specdec_fast as sf
+g = torch.Generator('cuda').manual_seed(0)
+for B, K, V in [(2, 3, 1001), (1, 8, 262144), (64, 4, 49152)]:
+    q = torch.softmax(torch.randn(B, K, V, device='cuda', generator=g), -1)
+    out = sf.verify(torch.randn(B, K + 1, V, device='cuda', generator=g), q, torch.multinomial(q.flatten(0, 1), 1).view(B, K),
+                    seed=1, backend='cuda')
+    step = sf.draft_step(torch.randn(B, V, device='cuda', generator=g), seed=1, backend='cuda')
+    torch.cuda.synchronize()
+    print('smoke', B, K, V, out.num_accepted.tolist()[:4], step.tokens.tolist()[:4])
+" 2>&1 | tail -n 8 | tee -a "$OUT/gpu.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || { echo "smoke test failed"; exit 1; }
+
 # Kernel tests on the GPU: the ids of the cuda and triton params end in "-cuda" there
-# (TESTS="cuda and not triton": the CUDA kernels only).
+# (TESTS="cuda and not triton": the CUDA kernels only), and fast_generate on the GPU (test_on_cuda_*).
 SECONDS=0
 timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider --durations=8 -k "${TESTS:-cuda}" \
-    tests/test_backends.py tests/test_verify.py tests/test_verify_block.py tests/test_fuzz.py 2>&1 | tee "$OUT/tests.log" | tail -n 40
+    tests/test_backends.py tests/test_verify.py tests/test_verify_block.py tests/test_fuzz.py tests/test_generate.py 2>&1 | tee "$OUT/tests.log" | tail -n 40
 echo "tests: ${SECONDS} s" | tee -a "$OUT/gpu.txt"
 
-# The verify microbenchmark on the GPU (same grid as on the CPU).
+# The verify microbenchmark on the GPU (same grid as on the CPU); BENCH=0 skips it.
+[ "${BENCH:-1}" = 1 ] || exit 0
 SECONDS=0
 timeout ${BENCH_TIMEOUT:-150} python3 benchmarks/microbench.py --device cuda --repeats ${REPEATS:-10} --out-name microbench_gpu \
     2>&1 | grep -v "it/s\]" | tail -n 110

@@ -274,7 +274,8 @@ def fast_generate(
 
         # Verify: one target pass over [last committed, X_1..X_k] gives p_1..p_{k+1}.
         draft_tokens = torch.cat(tokens) if k else torch.zeros(0, dtype=torch.int64)
-        target_logits = target_lm.extend(torch.cat([ids[target_lm.cache_length : n], draft_tokens]), k + 1)
+        pending = ids[target_lm.cache_length : n].to(draft_tokens.device)  # committed ids stay on the host
+        target_logits = target_lm.extend(torch.cat([pending, draft_tokens]), k + 1)
         vocab = target_logits.shape[-1]
         q = torch.stack(probs, dim=1) if k else torch.zeros(1, 0, vocab)
         verify_start = time.perf_counter()

@@ -209,3 +209,28 @@ def test_warmup_leaves_no_state():
     assert warmup(target) > 0
     again = fast_generate(target, draft, [1, 2, 3], max_new_tokens=20, temperature=1.0, seed=5, eos_token_id=NO_EOS)
     assert again.tokens == fresh.tokens and again.stats.rounds == fresh.stats.rounds
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: fast_generate with the models and kernels on it")
+def test_on_cuda_greedy_is_the_target_greedy_and_sampling_is_exact():
+    """On a GPU, `auto` takes the CUDA kernels: greedy output equals the target's own (HF
+    generate on the GPU) and the first two tokens' joint follows the target's exactly."""
+    from specdec_fast.backends import resolve
+
+    device = torch.device("cuda")
+    assert resolve("auto", device) == "cuda", "the CUDA kernels did not build or load"
+    target, draft = tiny_llama(0).to(device), tiny_llama(1, layers=1).to(device)
+    ids = torch.tensor([PROMPT], device=device)
+    hf = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False, pad_token_id=0)
+    greedy = fast_generate(target, draft, PROMPT, max_new_tokens=30, temperature=0.0, num_draft_tokens=3, eos_token_id=NO_EOS)
+    assert greedy.tokens == hf[0, len(PROMPT):].tolist()
+
+    vocab, runs = target.config.vocab_size, 2000
+    seqs = torch.tensor([
+        fast_generate(target, draft, PROMPT, max_new_tokens=2, temperature=1.0, num_draft_tokens=2, seed=seed,
+                      eos_token_id=NO_EOS).tokens
+        for seed in range(runs)
+    ])
+    stat, threshold, df = chi_square(counts(seqs[:, 0] * vocab + seqs[:, 1], vocab**2),
+                                     exact_joint(target.cpu(), PROMPT, 2, 1.0, 0, 1.0))
+    assert stat < threshold, f"chi2 {stat:.1f} > {threshold:.1f} (df {df})"
