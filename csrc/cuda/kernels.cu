@@ -77,10 +77,10 @@ __device__ Slice this_slice(int64_t V, Group g) {
 // Tensor Memory Accelerator) in flight, where one 2-byte load per entry and thread left each
 // block issue-bound (measured on an H200: 1.2-1.5x faster at B = 128). fp32 rows measured the
 // same either way (geometric mean 1.00 over the microbenchmark's grid), so they keep each
-// thread's own kUnroll loads and the block its 128 KiB of shared memory.
+// thread's own kUnroll loads and need no stages in shared memory.
 constexpr int kChunk = kThreads * kUnroll;
 constexpr int kStages = 4;
-constexpr int kStageBytes = kChunk * sizeof(float) + 32;  // a chunk of the widest dtype, widened to 16-byte words
+constexpr int kStageBytes = kChunk * sizeof(float) + 32;  // as measured; the 2-byte chunks fill half (+ 16-byte widening)
 
 __host__ __device__ constexpr size_t stream_bytes(bool bulk) { return bulk ? size_t{kStages} * kStageBytes : 0; }
 __host__ __device__ constexpr bool bulk_dtype(size_t bytes) { return bytes == 2; }
