@@ -197,3 +197,20 @@ def test_production_decoder_batches_requests_and_keeps_totals(tiny_pair):
     assert metrics["new_tokens"] == 8 * len(PROMPTS) and metrics["tokens_per_second"] > 0
     with pytest.raises(ValueError, match="batch_size"):
         ProductionSpeculativeDecoder(target, draft, batch_size=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: batch_generate with the models and kernels on it")
+def test_on_cuda_batch_is_each_request_alone():
+    """On a GPU: greedy batched output equals each sequence's own greedy decoding, and each
+    sampled request equals fast_generate with its seed (the per-request counters)."""
+    target, draft = tiny_llama(10, vocab=16).cuda(), tiny_llama(11, vocab=16, layers=1).cuda()
+    greedy = batch_generate(target, draft, input_ids=PROMPTS, max_new_tokens=30, temperature=0.0, num_draft_tokens=3,
+                            eos_token_id=NO_EOS)
+    for prompt, got in zip(PROMPTS, greedy.outputs):
+        assert got.tokens == generate_autoregressive(target, prompt, max_new_tokens=30, temperature=0.0,
+                                                     eos_token_id=NO_EOS).tokens
+    sampled = batch_generate(target, draft, input_ids=PROMPTS, max_new_tokens=20, temperature=1.0, num_draft_tokens=3,
+                             seeds=SEEDS, eos_token_id=NO_EOS)
+    for prompt, seed, got in zip(PROMPTS, SEEDS, sampled.outputs):
+        assert got.tokens == fast_generate(target, draft, prompt, max_new_tokens=20, temperature=1.0, num_draft_tokens=3,
+                                           seed=seed, eos_token_id=NO_EOS).tokens
