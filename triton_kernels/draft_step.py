@@ -5,7 +5,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .sampling import TILE, argmax_row, exp_shifted, order_key, row_dist, sample_row, scaled_tile, weights_tile
+from .sampling import TILE, argmax_row, exp_shifted, order_key, row_dist, sample_row, scaled, scaled_tile, weights_tile
 
 
 @triton.jit(do_not_specialize=["V"])
@@ -46,7 +46,7 @@ def draft_step_kernel(
 
     if token < 0:
         token = sample_row(row, row, V, t, min_key, m, inv_sum, False, 1.0, total, tl.load(u_ptr + b), BLOCK)
-    z = tl.math.div_rn(tl.load(row + token).to(tl.float32), t)  # p(token), by the same formula as the stored p
+    z = scaled(tl.load(row + token).to(tl.float32), t)  # p(token), by the same formula as the stored p
     tl.store(tokens_ptr + b, token)
     tl.store(token_prob_ptr + b, tl.where(order_key(z) >= min_key, exp_shifted(z, m) * inv_sum.to(tl.float32), 0.0))
     tl.store(entropy_ptr + b, entropy.to(tl.float32))

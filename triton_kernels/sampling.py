@@ -29,12 +29,16 @@ PRECISE_EXP = tl.constexpr(os.environ.get("TRITON_INTERPRET") != "1")
 
 
 @triton.jit
+def scaled(x, t):
+    """x / t (fp32), correctly rounded as torch divides (a GPU's `/` in Triton is approximate,
+    2 ulp); greedy rows (t = 0) divide by 1, as the reference does."""
+    return tl.math.div_rn(x, tl.where(t == 0, 1.0, t))
+
+
+@triton.jit
 def scaled_tile(row_ptr, offs, V, t):
     """z = logits / t over one tile (fp32), -inf past the row's end."""
-    x = tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
-    # A correctly rounded division, as torch's (a GPU's `/` in Triton is approximate, 2 ulp);
-    # greedy rows divide by 1, as the reference does.
-    return tl.math.div_rn(x, tl.where(t == 0, 1.0, t))
+    return scaled(tl.load(row_ptr + offs, mask=offs < V, other=float("-inf")).to(tl.float32), t)
 
 
 @triton.jit
@@ -160,7 +164,7 @@ def row_dist(row_ptr, V, t, top_k, top_p, BLOCK: tl.constexpr):
 @triton.jit
 def prob_of(logit, x, t, argmax, min_key, m, inv_sum):
     """p(x) from x's logit, in float64 then rounded to fp32."""
-    z = tl.math.div_rn(logit.to(tl.float32), tl.where(t == 0, 1.0, t))
+    z = scaled(logit.to(tl.float32), t)
     p = tl.exp(z.to(tl.float64) - m.to(tl.float64)) * inv_sum
     p = tl.where(order_key(z) >= min_key, p, 0.0).to(tl.float32)
     return tl.where(argmax >= 0, tl.where(x == argmax, 1.0, 0.0), p)

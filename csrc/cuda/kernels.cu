@@ -80,7 +80,7 @@ __device__ Slice this_slice(int64_t V, Group g) {
 // thread's own kUnroll loads and need no stages in shared memory.
 constexpr int kChunk = kThreads * kUnroll;
 constexpr int kStages = 4;
-constexpr int kStageBytes = kChunk * sizeof(float) + 32;  // as measured; the 2-byte chunks fill half (+ 16-byte widening)
+constexpr int kStageBytes = kChunk * 2 + 32;  // a chunk of 2-byte entries, widened by up to 14 bytes at each end
 
 __host__ __device__ constexpr size_t stream_bytes(bool bulk) { return bulk ? size_t{kStages} * kStageBytes : 0; }
 __host__ __device__ constexpr bool bulk_dtype(size_t bytes) { return bytes == 2; }
