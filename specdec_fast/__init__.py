@@ -1,5 +1,6 @@
 """specdec_fast: lossless speculative decoding for PyTorch causal LMs."""
 
+from .attention import use_packed_gqa
 from .backends import backends
 from .batch import BatchGenerationOutput, batch_generate
 from .bench.efficiency import EfficiencyBenchmark
@@ -14,7 +15,7 @@ from .learned_policy import AcceptancePredictor, CostAwarePolicy, PolicyNetwork,
 from .policy import (ConfidenceThreshold, DraftPolicy, EntropyStop, FixedDraftLength, HeuristicSchedule, MDPState,
                      SpeculativePolicy)
 from .sampling import SamplingParams, warp_logits
-from .smollm2 import load_feature_pair, load_smollm2
+from .smollm2 import load_feature_pair, load_smollm2, use_fast_passes
 
 __version__ = "0.1.0"
 
@@ -57,6 +58,8 @@ __all__ = [
     "verify",
     "skinny_linear",
     "use_skinny_linear",
+    "use_packed_gqa",
+    "use_fast_passes",
     "warmup",
     "warp_logits",
 ]

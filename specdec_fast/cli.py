@@ -24,14 +24,13 @@ def _shipped_draft(args) -> str | None:
 
 def _load_pair(args):
     """The target, draft and tokenizer the flags ask for (default: the SmolLM2 pair), with skinny
-    linear layers on the CPU (specdec_fast/linear.py). A feature draft comes as its bound pair of
+    linear layers and packed GQA attention (``use_fast_passes``). A feature draft comes as its bound pair of
     CachedLMs (specdec_fast/feature_draft.py)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .drafts import early_exit_draft, load_small_draft, read_draft_file
     from .feature_draft import feature_pair, load_feature_draft
-    from .linear import use_skinny_linear
-    from .smollm2 import load_pair, load_smollm2
+    from .smollm2 import load_pair, load_smollm2, use_fast_passes
 
     if kind := _shipped_draft(args):
         return load_pair(kind)
@@ -45,14 +44,14 @@ def _load_pair(args):
         target, tokenizer = load_smollm2()
     if args.draft and args.draft.endswith(".safetensors"):
         if read_draft_file(args.draft)[0].get("kind") == "feature":
-            draft = use_skinny_linear(load_feature_draft(target, args.draft))
-            return (*feature_pair(use_skinny_linear(target), draft), tokenizer)
+            draft = use_fast_passes(load_feature_draft(target, args.draft))
+            return (*feature_pair(use_fast_passes(target), draft), tokenizer)
         draft = load_small_draft(target, args.draft)
     elif args.draft:
         draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
     else:
         draft = early_exit_draft(target, args.draft_layers)
-    return use_skinny_linear(target), use_skinny_linear(draft), tokenizer
+    return use_fast_passes(target), use_fast_passes(draft), tokenizer
 
 
 def _policy(args):
@@ -119,26 +118,33 @@ def _train_draft(args) -> int:
     from .feature_draft import FEATURE_DRAFT_FILE, feature_pair, load_feature_draft
     from .smollm2 import cache_root, load_smollm2
 
+    if args.init and args.kind != "feature":
+        raise SystemExit("--init starts a feature draft from a feature draft file: use it with --kind feature")
     target, tokenizer = load_smollm2()
     work = Path(args.work) if args.work else cache_root() / "distill"
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else DATA / (TOKEN_DRAFT_FILE if args.kind == "token" else FEATURE_DRAFT_FILE)
+    command = "specdec-fast train-draft " + " ".join(shlex.quote(a) for a in args.argv)
+    corpus_chunks = args.corpus_chunks if args.corpus_chunks is not None else (384 if args.kind == "token" else 0)
     distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens,
-                                 responses=args.responses, num_prompts=args.prompts)
+                                 responses=args.responses, num_prompts=args.prompts, prompt_set=args.prompt_set)
     if args.kind == "token":
-        distill.collect_corpus(target, tokenizer, work, chunks=args.corpus_chunks)
+        distill.collect_corpus(target, tokenizer, work, chunks=corpus_chunks)
         torch.manual_seed(0)
         info = distill.train(target, work, out, args.layers, args.vocab, args.epochs, args.batch, args.lr)
         pair = target, load_small_draft(target, out)
     else:
         distill.collect_features(target, work)
+        if corpus_chunks:
+            distill.collect_corpus(target, tokenizer, work, distill.CORPORA, corpus_chunks, distill.FEATURE_CHUNK, features=True)
         torch.manual_seed(0)
-        info = distill.train_feature(target, work, out, args.vocab, args.epochs, args.batch, args.lr)
+        init = Path(args.init) if args.init else None
+        info = distill.train_feature(target, work, out, args.vocab, args.epochs, args.batch, args.lr, init, command)
         pair = feature_pair(target, load_feature_draft(target, out))
     acceptance = distill.heldout_acceptance(*pair, tokenizer, args.eval_tokens)
-    command = "specdec-fast train-draft " + " ".join(shlex.quote(a) for a in args.argv)
     card = out.with_suffix(".md")
-    info |= dict(responses=args.responses, num_prompts=len(distill.training_prompts()[: args.prompts]))
+    prompts = distill.prompt_sets()[args.prompt_set][1]()[: args.prompts]
+    info |= dict(responses=args.responses, num_prompts=len(prompts), prompt_set=args.prompt_set, corpus_chunks=corpus_chunks)
     distill.write_card(card, args.kind, out.name, info, acceptance, args.eval_tokens, out.stat().st_size / 1e6, command)
     print(json.dumps(dict(info, heldout_acceptance=acceptance), indent=2))
     return 0
@@ -259,8 +265,14 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--gen-batch", type=int, default=16, help="prompts per target generate call")
     train.add_argument("--responses", type=int, default=1, help="target responses collected per training prompt")
     train.add_argument("--prompts", type=int, default=None, help="only the first N training prompts (default: all)")
+    train.add_argument("--prompt-set", choices=["templates", "corpus"], default="templates",
+                       help="training prompts: the templated ones (1,616) or ones built from excerpts of the offline corpora")
     train.add_argument("--gen-tokens", type=int, default=128)
-    train.add_argument("--corpus-chunks", type=int, default=384)
+    train.add_argument("--corpus-chunks", type=int, default=None,
+                       help="chunks of offline text the target reads teacher-forced: 128 tokens of Shakespeare and the "
+                            "KJV Bible for a token draft (default 384), 256 tokens of those plus Python's standard library "
+                            "and the installed packages' READMEs for a feature draft (default 0)")
+    train.add_argument("--init", help="feature draft: start from this feature draft file (keeping its token subset)")
     train.add_argument("--eval-tokens", type=int, default=64)
     train.set_defaults(run=_train_draft)
 

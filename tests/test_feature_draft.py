@@ -126,3 +126,44 @@ def test_distilling_a_feature_draft_lowers_its_loss(tmp_path):
     with torch.no_grad():
         before, after = (distill.feature_loss(d, samples, index, torch.Generator().manual_seed(0)) for d in (untrained, trained))
     assert after < 0.9 * before
+
+
+class ByteTokenizer:
+    """Token ids = bytes modulo 64 (enough for corpus_chunks on a tiny target)."""
+
+    def __call__(self, text: str):
+        return type("Encoding", (), {"input_ids": [b % 64 for b in text.encode()]})()
+
+
+def test_corpus_features_and_a_warm_start(tmp_path, monkeypatch):
+    """collect_corpus(features=True) stores what collect_features computes for the same ids
+    (final hidden states, top-k of the next token at every position); train_feature(init=...)
+    starts from that draft, keeps its token subset, records its metadata, and lowers its loss."""
+    from specdec_fast import distill
+
+    target = tiny_llama(8, vocab=64, layers=2)
+    texts = {"a": ["the quick brown fox jumps over the lazy dog. " * 8], "b": ["def f(x):\n    return x + 1\n" * 12]}
+    monkeypatch.setattr(distill, "corpus_texts", lambda source: texts[source])
+    distill.collect_corpus(target, ByteTokenizer(), tmp_path, ("a", "b"), chunks=8, chunk_len=24, batch=3, features=True)
+    corpus = distill.load_samples(tmp_path, ("feat_corpus",))
+    assert len(corpus) == 8 and all(len(s["ids"]) == 24 for s in corpus)
+    torch.save([dict(ids=s["ids"], start=0, top_ids=s["top_ids"], top_logp=s["top_logp"]) for s in corpus[:3]],
+               tmp_path / "gen_r0_0000.pt")
+    distill.collect_features(target, tmp_path)
+    for stored, recomputed in zip(corpus, distill.load_samples(tmp_path, ("feat_gen",))):
+        torch.testing.assert_close(stored["features"], recomputed["features"], atol=2e-3, rtol=0)
+        assert (stored["top_ids"] == recomputed["top_ids"]).float().mean() > 0.95
+    (tmp_path / "feat_gen_r0_0000.pt").unlink()
+
+    torch.manual_seed(0)
+    first = FeatureDraft(target, torch.arange(0, 64, 2), source_layer=1)
+    save_feature_draft(first, tmp_path / "init.safetensors", {"command": '"stage one"', "steps": "7", "label_positions": "9"})
+    info = distill.train_feature(target, tmp_path, tmp_path / "f.safetensors", vocab_size=48, epochs=10, batch=4, lr=3e-3,
+                                 init=tmp_path / "init.safetensors", command="stage two")
+    assert info["vocab_size"] == 32 and info["init"]["command"] == "stage one" and info["command"] == "stage two"
+    trained = load_feature_draft(target, tmp_path / "f.safetensors")
+    assert torch.equal(trained.lm.lm_head.vocab_ids, torch.arange(0, 64, 2))
+    index = distill._restricted_index(trained.lm.lm_head.vocab_ids, 64)
+    with torch.no_grad():
+        before, after = (distill.feature_loss(d, corpus, index, torch.Generator().manual_seed(0)) for d in (first, trained))
+    assert after < 0.9 * before

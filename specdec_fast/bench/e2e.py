@@ -20,7 +20,7 @@ from ..cached_lm import as_cached_lm
 from ..feature_draft import default_feature_draft, feature_pair
 from ..generate import fast_generate, generate_autoregressive
 from ..learned_policy import expected_tokens
-from ..linear import use_skinny_linear
+from ..smollm2 import use_fast_passes
 from .common import machine, markdown_table, median_time, write_results
 from .efficiency import EfficiencyBenchmark
 
@@ -81,7 +81,7 @@ def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int],
         max_new_tokens: int, out_name: str = "e2e") -> dict:
     bench = EfficiencyBenchmark.default(num_prompts, max_new_tokens=max_new_tokens, temperatures=temperatures)
     target, draft = bench.target, bench.draft
-    feature = feature_pair(target, use_skinny_linear(default_feature_draft(target)))
+    feature = feature_pair(target, use_fast_passes(default_feature_draft(target)))
     ids = bench.prompt_ids(0)
     costs = step_costs(target, draft, ids, max(lengths + feature_lengths))  # isolated passes, for reference
     costs["c_feature"] = step_costs(*feature, ids, 1)["c"]
