@@ -126,8 +126,8 @@ def _train_draft(args) -> int:
     out = Path(args.out) if args.out else DATA / (TOKEN_DRAFT_FILE if args.kind == "token" else FEATURE_DRAFT_FILE)
     command = "specdec-fast train-draft " + " ".join(shlex.quote(a) for a in args.argv)
     corpus_chunks = args.corpus_chunks if args.corpus_chunks is not None else (384 if args.kind == "token" else 0)
-    distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens,
-                                 responses=args.responses, num_prompts=args.prompts, prompt_set=args.prompt_set)
+    num_prompts = distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens,
+                                              responses=args.responses, num_prompts=args.prompts, prompt_set=args.prompt_set)
     if args.kind == "token":
         distill.collect_corpus(target, tokenizer, work, chunks=corpus_chunks)
         torch.manual_seed(0)
@@ -143,8 +143,7 @@ def _train_draft(args) -> int:
         pair = feature_pair(target, load_feature_draft(target, out))
     acceptance = distill.heldout_acceptance(*pair, tokenizer, args.eval_tokens)
     card = out.with_suffix(".md")
-    prompts = distill.prompt_sets()[args.prompt_set][1]()[: args.prompts]
-    info |= dict(responses=args.responses, num_prompts=len(prompts), prompt_set=args.prompt_set, corpus_chunks=corpus_chunks)
+    info |= dict(responses=args.responses, num_prompts=num_prompts, prompt_set=args.prompt_set, corpus_chunks=corpus_chunks)
     distill.write_card(card, args.kind, out.name, info, acceptance, args.eval_tokens, out.stat().st_size / 1e6, command)
     print(json.dumps(dict(info, heldout_acceptance=acceptance), indent=2))
     return 0

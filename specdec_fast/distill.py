@@ -61,10 +61,11 @@ def _generation_groups(work: Path, num_prompts: int, responses: int, batch: int,
 
 @torch.inference_mode()
 def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_tokens: int = 128, responses: int = 1,
-                        num_prompts: int | None = None, prompt_set: str = "templates") -> None:
+                        num_prompts: int | None = None, prompt_set: str = "templates") -> int:
     """``responses`` target responses to each of the first ``num_prompts`` prompts of ``prompt_set``
     (default: all; see :func:`prompt_sets`) with their top-k distributions, stored as
-    ``{name}_r{response}_{shard}.pt`` (SHARD prompts each); ``batch`` prompts per generate call."""
+    ``{name}_r{response}_{shard}.pt`` (SHARD prompts each); ``batch`` prompts per generate call.
+    Returns the number of prompts."""
     name, prompts = prompt_sets()[prompt_set]
     prompts = prompts()[:num_prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -88,6 +89,7 @@ def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_
         owner = [(r, s) for r, s in group for _ in prompts[s * SHARD : (s + 1) * SHARD]]
         for r, s in group:
             torch.save([x for x, o in zip(samples, owner) if o == (r, s)], work / f"{name}_r{r}_{s:04d}.pt")
+    return len(prompts)
 
 
 CORPORA = ("shakespeare", "bible", "python", "docs")
@@ -475,7 +477,7 @@ def _data_sources(kind: str, info: dict) -> str:
     """The card's description of the collected data."""
     parts = []
     if info["num_prompts"]:
-        prompts = ("templated training prompts (`specdec_fast/prompts.py`)" if info.get("prompt_set", "templates") == "templates"
+        prompts = ("templated training prompts (`specdec_fast/prompts.py`)" if info["prompt_set"] == "templates"
                    else "prompts built from excerpts of the offline corpora (`distill.corpus_prompts`: Python\n"
                         "  standard-library code to explain or improve, installed packages' READMEs to summarise,\n"
                         "  Shakespeare to paraphrase, KJV passages to explain)")
