@@ -10,7 +10,7 @@ from .feature_draft import FeatureDraft, feature_pair
 from .generate import GenerationOutput, GenerationStats, fast_generate, generate_autoregressive, warmup
 from .ops import DraftStepOutput, VerifyOutput, draft_step, philox_uniforms, verify
 from .monitoring import AdaptiveMonitoringSystem
-from .linear import skinny_linear, use_skinny_linear
+from .linear import skinny_linear, skinny_linear_int8, use_int8_weights, use_skinny_linear
 from .learned_policy import AcceptancePredictor, CostAwarePolicy, PolicyNetwork, ValueNetwork, default_policy
 from .policy import (ConfidenceThreshold, DraftPolicy, EntropyStop, FixedDraftLength, HeuristicSchedule, MDPState,
                      SpeculativePolicy)
@@ -57,6 +57,8 @@ __all__ = [
     "philox_uniforms",
     "verify",
     "skinny_linear",
+    "skinny_linear_int8",
+    "use_int8_weights",
     "use_skinny_linear",
     "use_packed_gqa",
     "use_fast_passes",

@@ -44,6 +44,7 @@ for _name, _schema in SCHEMAS.items():
 
 
 _LIBRARY.define("skinny_linear(Tensor x, Tensor weight) -> Tensor")  # CPU only (specdec_fast/linear.py)
+_LIBRARY.define("skinny_linear_int8(Tensor x, Tensor weight, Tensor scale) -> Tensor")
 
 
 def _fake_verify(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms):
@@ -65,6 +66,8 @@ def _fake_philox_uniforms(seed, offset, n):
 
 torch.library.register_fake("specdec_fast::skinny_linear", lambda x, weight: x.new_empty(x.shape[0], weight.shape[0]),
                             lib=_LIBRARY)
+torch.library.register_fake("specdec_fast::skinny_linear_int8",
+                            lambda x, weight, scale: x.new_empty(x.shape[0], weight.shape[0]), lib=_LIBRARY)
 for _prefix in ("", "triton_"):
     torch.library.register_fake(f"specdec_fast::{_prefix}verify", _fake_verify, lib=_LIBRARY)
     torch.library.register_fake(f"specdec_fast::{_prefix}verify_block", _fake_verify, lib=_LIBRARY)

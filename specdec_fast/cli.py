@@ -125,13 +125,20 @@ def _train_draft(args) -> int:
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else DATA / (TOKEN_DRAFT_FILE if args.kind == "token" else FEATURE_DRAFT_FILE)
     command = "specdec-fast train-draft " + " ".join(shlex.quote(a) for a in args.argv)
+    fit = distill.FitConfig(args.epochs, args.batch, args.lr, args.weight_decay, args.validate_every)
     corpus_chunks = args.corpus_chunks if args.corpus_chunks is not None else (384 if args.kind == "token" else 0)
-    num_prompts = distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens,
-                                              responses=args.responses, num_prompts=args.prompts, prompt_set=args.prompt_set)
+    counts = args.prompts or [None]
+    if len(counts) not in (1, len(args.prompt_set)):
+        raise SystemExit(f"--prompts takes one count, or one per prompt set ({len(args.prompt_set)}), got {len(counts)}")
+    prompts = {
+        name: distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens,
+                                          responses=args.responses, num_prompts=count, prompt_set=name)
+        for name, count in zip(args.prompt_set, counts * len(args.prompt_set) if len(counts) == 1 else counts)
+    }
     if args.kind == "token":
         distill.collect_corpus(target, tokenizer, work, chunks=corpus_chunks)
         torch.manual_seed(0)
-        info = distill.train(target, work, out, args.layers, args.vocab, args.epochs, args.batch, args.lr)
+        info = distill.train(target, work, out, args.layers, args.vocab, fit)
         pair = target, load_small_draft(target, out)
     else:
         distill.collect_features(target, work)
@@ -139,11 +146,11 @@ def _train_draft(args) -> int:
             distill.collect_corpus(target, tokenizer, work, distill.CORPORA, corpus_chunks, distill.FEATURE_CHUNK, features=True)
         torch.manual_seed(0)
         init = Path(args.init) if args.init else None
-        info = distill.train_feature(target, work, out, args.vocab, args.epochs, args.batch, args.lr, init, command)
+        info = distill.train_feature(target, work, out, args.vocab, fit, init, command)
         pair = feature_pair(target, load_feature_draft(target, out))
     acceptance = distill.heldout_acceptance(*pair, tokenizer, args.eval_tokens)
     card = out.with_suffix(".md")
-    info |= dict(responses=args.responses, num_prompts=num_prompts, prompt_set=args.prompt_set, corpus_chunks=corpus_chunks)
+    info |= dict(responses=args.responses, prompts=prompts, corpus_chunks=corpus_chunks)
     distill.write_card(card, args.kind, out.name, info, acceptance, args.eval_tokens, out.stat().st_size / 1e6, command)
     print(json.dumps(dict(info, heldout_acceptance=acceptance), indent=2))
     return 0
@@ -191,7 +198,7 @@ def _batch_bench(args) -> int:
 def _quant_bench(args) -> int:
     from .bench import quant
 
-    print(quant.table(quant.run(args.prompts, args.k, args.temperatures, args.max_new_tokens)))
+    print(quant.table(quant.run(args.prompts, args.k, args.temperatures, args.max_new_tokens, args.draft)))
     return 0
 
 
@@ -261,11 +268,16 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--batch", type=int, default=16)
     train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    train.add_argument("--validate-every", type=int, default=0,
+                       help="hold back every N-th collected sequence and keep the epoch with the lowest loss on them "
+                            "(0: train on all, keep the last epoch)")
     train.add_argument("--gen-batch", type=int, default=16, help="prompts per target generate call")
     train.add_argument("--responses", type=int, default=1, help="target responses collected per training prompt")
-    train.add_argument("--prompts", type=int, default=None, help="only the first N training prompts (default: all)")
-    train.add_argument("--prompt-set", choices=["templates", "corpus"], default="templates",
-                       help="training prompts: the templated ones (1,616) or ones built from excerpts of the offline corpora")
+    train.add_argument("--prompts", type=int, nargs="+", default=None,
+                       help="only the first N prompts of each prompt set, or one N per set (default: all)")
+    train.add_argument("--prompt-set", nargs="+", choices=["templates", "corpus"], default=["templates"],
+                       help="training prompts: the templated ones (1,616) and/or ones built from excerpts of the offline corpora (1,600)")
     train.add_argument("--gen-tokens", type=int, default=128)
     train.add_argument("--corpus-chunks", type=int, default=None,
                        help="chunks of offline text the target reads teacher-forced: 128 tokens of Shakespeare and the "
@@ -308,9 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     bb.set_defaults(run=_batch_bench)
 
     qb = commands.add_parser("quant-bench", parents=[common],
-                             help="int8 draft (torchao, torch dynamic) vs fp32: c, acceptance, tokens/s (benchmarks/quant.py)")
+                             help="int8 draft (int8 skinny kernel, torchao, torch dynamic) vs fp32: c, acceptance, tokens/s (benchmarks/quant.py)")
     qb.add_argument("--prompts", type=int, default=8, help="an evenly spaced subset of N held-out prompts")
     qb.add_argument("-k", type=int, default=1, help="fixed draft length")
+    qb.add_argument("--draft", choices=DRAFT_KINDS, default="feature", help="which shipped draft to quantize")
     qb.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     qb.add_argument("--max-new-tokens", type=int, default=64)
     qb.set_defaults(run=_quant_bench)

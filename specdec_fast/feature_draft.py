@@ -51,7 +51,7 @@ class FeatureDraft(nn.Module):
     def features(self, ids: Tensor, prev: Tensor, attention_mask: Tensor | None = None, **cache_kwargs) -> Tensor:
         """ids [B, L] int64, prev [B, L, d] (the target's feature of each previous position)
         -> predicted features [B, L, d]. ``cache_kwargs`` go to the transformers model (its cache)."""
-        x = self.fc(torch.cat([self.lm.model.embed_tokens(ids), prev.to(self.fc.weight.dtype)], -1))
+        x = self.fc(torch.cat([self.lm.model.embed_tokens(ids), prev.to(self.lm.model.embed_tokens.weight.dtype)], -1))
         return self.lm.model(inputs_embeds=x, attention_mask=attention_mask, **cache_kwargs).last_hidden_state
 
 

@@ -7,6 +7,9 @@ pass of SmolLM2-135M here, which alone makes speculation lose. The ``cpu`` backe
 ``skinny_linear`` kernel (csrc/cpu/skinny_linear.h) reads the weights once for up to 12
 rows (beyond that BLAS is as fast), and sums every output in the same order whatever the number of rows, so a token's
 logits do not depend on how many tokens share the pass.
+
+A draft may also read int8 weights (``use_int8_weights``: one fp32 scale per output row,
+``skinny_linear_int8``), a quarter of the bytes of a draft pass; the target never does.
 """
 
 from __future__ import annotations
@@ -34,14 +37,64 @@ def skinny_linear(x: Tensor, weight: Tensor, backend: str = "auto") -> Tensor:
     return F.linear(x, weight)
 
 
+def _kernel_rows(x: Tensor, in_features: int) -> int:
+    """Rows of ``x`` for the skinny kernel, or 0 where it does not apply: fp32 CPU tensors,
+    at most 12 rows, no autograd, and the ``cpu`` backend loads."""
+    rows = x.numel() // in_features if in_features else 0
+    usable = (1 <= rows <= MAX_ROWS and x.dtype == torch.float32 and x.device.type == "cpu"
+              and not torch.is_grad_enabled() and resolve("auto", x.device) == "cpu")
+    return rows if usable else 0
+
+
 def linear(x: Tensor, weight: Tensor) -> Tensor:
-    """``F.linear(x, weight)`` (x [..., K], weight [N, K]), by the skinny kernel where it applies:
-    fp32 CPU tensors, at most 12 rows, no autograd, and the ``cpu`` backend loads."""
-    rows = x.numel() // weight.shape[1] if weight.shape[1] else 0
-    if (1 <= rows <= MAX_ROWS and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
-            and not torch.is_grad_enabled() and resolve("auto", x.device) == "cpu"):
+    """``F.linear(x, weight)`` (x [..., K], weight [N, K]), by the skinny kernel where it applies
+    (see :func:`_kernel_rows`; the weight fp32 too)."""
+    rows = _kernel_rows(x, weight.shape[1])
+    if rows and weight.dtype == torch.float32:
         return torch.ops.specdec_fast.skinny_linear(x.reshape(rows, -1), weight).reshape(*x.shape[:-1], -1)
     return F.linear(x, weight)
+
+
+def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
+    """weight [N, K] float -> (int8 [N, K], scale [N] fp32): symmetric, one scale per output
+    row (its largest magnitude / 127), weight ~= int8 * scale[:, None]."""
+    scale = weight.detach().float().abs().amax(1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+    return torch.round(weight.detach().float() / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def skinny_linear_int8(x: Tensor, weight: Tensor, scale: Tensor, backend: str = "auto") -> Tensor:
+    """x [M, K] fp32 @ (weight [N, K] int8 * scale [N, 1] fp32)^T -> [M, N] fp32 for 1 <= M <= 12:
+    the ``cpu`` kernel, or the reference ``F.linear(x, weight.float()) * scale`` for
+    ``backend="torch"`` and where the kernel cannot load."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or scale.shape != weight.shape[:1]:
+        raise ValueError(f"skinny_linear_int8 needs x [M, K], weight [N, K] and scale [N], got "
+                         f"{list(x.shape)}, {list(weight.shape)} and {list(scale.shape)}")
+    if x.dtype != torch.float32 or weight.dtype != torch.int8 or scale.dtype != torch.float32:
+        raise ValueError(f"skinny_linear_int8 takes fp32 x, int8 weight, fp32 scale, got {x.dtype}, {weight.dtype}, {scale.dtype}")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"skinny_linear_int8 takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
+    if resolve(backend, x.device) == "cpu":
+        return torch.ops.specdec_fast.skinny_linear_int8(x, weight, scale)
+    return F.linear(x, weight.float()) * scale
+
+
+class Int8Linear(nn.Module):
+    """A bias-free linear layer with int8 weights and an fp32 scale per output row
+    (:func:`quantize_int8`): x [..., in_features] fp32 -> [..., out_features], by the int8
+    skinny kernel where it applies, else by dequantizing."""
+
+    def __init__(self, weight: Tensor):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        int8, scale = quantize_int8(weight)
+        self.register_buffer("weight", int8)
+        self.register_buffer("scale", scale)
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = _kernel_rows(x, self.in_features)
+        if rows:
+            return torch.ops.specdec_fast.skinny_linear_int8(x.reshape(rows, -1), self.weight, self.scale).reshape(*x.shape[:-1], -1)
+        return F.linear(x, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
 
 
 class SkinnyLinear(nn.Linear):
@@ -59,3 +112,21 @@ def use_skinny_linear(model: nn.Module) -> nn.Module:
                 and module.weight.device.type == "cpu"):
             module.__class__ = SkinnyLinear
     return model
+
+
+def use_int8_weights(draft: nn.Module) -> nn.Module:
+    """Quantize a draft's weights to int8 in place (weight-only, :class:`Int8Linear`): every fp32
+    CPU ``nn.Linear`` without bias, and the modules that quantize themselves
+    (``quantize_int8()``: the drafts' restricted heads); returns ``draft``.
+
+    For drafts only: it changes the model's outputs, which a draft may do (verification
+    stays exact for any draft distribution) and a target may not."""
+    for parent in list(draft.modules()):
+        for name, child in parent.named_children():
+            if (isinstance(child, nn.Linear) and child.bias is None and child.weight.dtype == torch.float32
+                    and child.weight.device.type == "cpu"):
+                setattr(parent, name, Int8Linear(child.weight))
+    for module in draft.modules():
+        if hasattr(module, "quantize_int8"):
+            module.quantize_int8()
+    return draft

@@ -102,3 +102,51 @@ def test_corpus_prompts_are_excerpts_in_task_templates(monkeypatch, tmp_path):
     (tmp_path / "gen_corpus_r0_0000.pt").touch()
     assert distill._generation_groups(tmp_path, 10, 1, 16, "gen_corpus") == []
     assert distill._generation_groups(tmp_path, 10, 1, 16) == [(True, [(0, 0)])]
+
+
+def test_fit_keeps_the_epoch_with_the_lowest_validation_loss(tmp_path):
+    """validate_every=5 holds back every fifth sample; after each epoch the validation loss is
+    taken, and training ends with the weights of the lowest-scoring epoch (here the second of
+    three), also when resumed from its checkpoint."""
+    from specdec_fast import distill
+
+    torch.manual_seed(0)
+    samples = [dict(x=torch.randn(3)) for _ in range(20)]
+    training, validation = distill.split_validation(samples, 5)
+    assert len(training) == 16 and len(validation) == 4 and not {id(s) for s in training} & {id(s) for s in validation}
+
+    model = torch.nn.Linear(3, 1)
+    snapshots, scores = [], iter([3.0, 1.0, 2.0])
+
+    def loss_fn(rows):
+        return (model(torch.stack([r["x"] for r in rows])) - 1).square().mean()
+
+    def validation_loss(rows):
+        assert all(any(r is v for v in validation) for r in rows)
+        snapshots.append(model.weight.detach().clone())
+        return torch.tensor(next(scores))
+
+    fit = distill.FitConfig(epochs=3, batch=4, lr=0.1, validate_every=5)
+    result = distill._fit(model, loss_fn, samples, tmp_path / "state.pt", fit, "test", validation_loss)
+    assert result == dict(steps=12, validation=[3.0, 1.0, 2.0], best_epoch=2)
+    assert not torch.equal(snapshots[1], snapshots[2])
+    assert torch.equal(model.weight, snapshots[1])
+    model.weight.data.zero_()
+    assert distill._fit(model, loss_fn, samples, tmp_path / "state.pt", fit, "test", validation_loss) == result
+    assert torch.equal(model.weight, snapshots[1])
+
+
+def test_card_names_every_prompt_set_and_the_validation(tmp_path):
+    """The model card describes the data of each prompt set collected and, when a validation
+    split chose the epoch, its losses and the epoch kept."""
+    from specdec_fast import distill
+
+    info = dict(source_layer=29, vocab_size=8192, coverage=0.95, samples=2816, label_positions=313_402, steps=1680,
+                epochs=5, batch=8, lr=0.003, weight_decay=0.0, validate_every=20, validation=[2.5, 2.25, 2.375],
+                best_epoch=2, responses=1, prompts={"templates": 1616, "corpus": 1200}, corpus_chunks=0, command="c")
+    distill.write_card(tmp_path / "card.md", "feature", "f.safetensors", info, {"T=0": 0.2, "T=1": 0.25}, 64, 17.9, "c")
+    card = (tmp_path / "card.md").read_text()
+    assert "to 1616 templated training prompts" in card and "and to 1200 prompts built from excerpts" in card
+    assert "313,402" in card and "every 20th collected sequence" in card
+    assert "2.500, 2.250, 2.375; the weights of epoch 2 kept" in card
+    assert "T=0 0.200, T=1 0.250" in card

@@ -9,6 +9,7 @@ import torch
 
 from specdec_fast import HFCachedLM, fast_generate
 from specdec_fast.feature_draft import FeatureDraft, feature_pair, load_feature_draft, save_feature_draft
+from specdec_fast.linear import use_int8_weights
 
 from conftest import tiny_llama
 from distribution import chi_square, counts
@@ -38,14 +39,30 @@ def test_feature_draft_is_lossless(tiny_pair, temperature, top_k, top_p):
     assert stat < threshold
 
 
+@pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("k", [1, 3, 6])
-def test_feature_draft_greedy_equals_target_greedy(k):
+def test_feature_draft_greedy_equals_target_greedy(k, int8):
     target = tiny_llama(7, vocab=16, layers=3)
-    t, d = feature_pair(target, feature_draft(target))
+    draft = feature_draft(target)
+    t, d = feature_pair(target, use_int8_weights(draft) if int8 else draft)
     out = fast_generate(t, d, PROMPT, max_new_tokens=30, temperature=0.0, num_draft_tokens=k, eos_token_id=())
     own = fast_generate(target, target, PROMPT, max_new_tokens=30, temperature=0.0, num_draft_tokens=1, eos_token_id=())
     assert out.tokens == own.tokens
     assert out.stats.draft_calls > 0
+
+
+def test_int8_feature_draft_stays_close_to_fp32():
+    """use_int8_weights on a feature draft (fc, decoder layer, restricted head): the same
+    features in, logits within quantization error of the fp32 draft's."""
+    target = tiny_llama(7, vocab=16, layers=3)
+    draft = feature_draft(target)
+    ids, prev = torch.tensor([PROMPT]), torch.randn(1, len(PROMPT), target.config.hidden_size)
+    with torch.no_grad():
+        before = draft.lm.lm_head(draft.features(ids, prev))
+        use_int8_weights(draft)
+        after = draft.lm.lm_head(draft.features(ids, prev))
+    assert draft.lm.lm_head.int8 is not None
+    assert 0 < (after - before).abs().max() < 0.05 * before.abs().max()
 
 
 def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair):
@@ -117,7 +134,8 @@ def test_distilling_a_feature_draft_lowers_its_loss(tmp_path):
     samples = distill.load_samples(tmp_path, ("feat_gen",))
     assert samples[0]["features"].shape == (len(rows[0]["ids"]) - 1, target.config.hidden_size)
     torch.manual_seed(0)
-    info = distill.train_feature(target, tmp_path, tmp_path / "f.safetensors", vocab_size=48, epochs=20, batch=4, lr=3e-3)
+    info = distill.train_feature(target, tmp_path, tmp_path / "f.safetensors", vocab_size=48,
+                                 fit=distill.FitConfig(epochs=20, batch=4, lr=3e-3))
     assert info["steps"] == 80
     trained = load_feature_draft(target, tmp_path / "f.safetensors")
     index = distill._restricted_index(trained.lm.lm_head.vocab_ids, 64)
@@ -158,7 +176,8 @@ def test_corpus_features_and_a_warm_start(tmp_path, monkeypatch):
     torch.manual_seed(0)
     first = FeatureDraft(target, torch.arange(0, 64, 2), source_layer=1)
     save_feature_draft(first, tmp_path / "init.safetensors", {"command": '"stage one"', "steps": "7", "label_positions": "9"})
-    info = distill.train_feature(target, tmp_path, tmp_path / "f.safetensors", vocab_size=48, epochs=10, batch=4, lr=3e-3,
+    info = distill.train_feature(target, tmp_path, tmp_path / "f.safetensors", vocab_size=48,
+                                 fit=distill.FitConfig(epochs=10, batch=4, lr=3e-3),
                                  init=tmp_path / "init.safetensors", command="stage two")
     assert info["vocab_size"] == 32 and info["init"]["command"] == "stage one" and info["command"] == "stage two"
     trained = load_feature_draft(target, tmp_path / "f.safetensors")

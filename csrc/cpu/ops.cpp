@@ -120,17 +120,30 @@ at::Tensor philox_uniforms_cpu(const at::Tensor& seed,    // [B] int64
   return u;
 }
 
-// x [M, K] fp32 (M <= kSkinnyMaxRows), weight [N, K] fp32 -> [M, N]; checked in specdec_fast/linear.py.
-at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
+// x [M, K] fp32 (M <= kSkinnyMaxRows), weight [N, K] fp32, or int8 with scale [N] fp32 -> [M, N];
+// checked in specdec_fast/linear.py.
+template <typename W>
+at::Tensor skinny_linear_impl(const at::Tensor& x, const at::Tensor& weight, const float* scale) {
   const at::Tensor xc = x.contiguous(), w = weight.contiguous();
   const int64_t M = xc.size(0), K = xc.size(1), N = w.size(0);
   TORCH_CHECK(M >= 1 && M <= specdec::kSkinnyMaxRows && w.size(1) == K, "skinny_linear: bad shapes");
   at::Tensor y = at::empty({M, N}, xc.options());
-  const auto kernel = specdec::skinny_linear_kernel(static_cast<int>(M));
-  const float *x_ptr = xc.data_ptr<float>(), *w_ptr = w.data_ptr<float>();
+  const auto kernel = specdec::skinny_linear_kernel<W>(static_cast<int>(M));
+  const float* x_ptr = xc.data_ptr<float>();
+  const W* w_ptr = w.data_ptr<W>();
   float* y_ptr = y.data_ptr<float>();
-  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) { kernel(x_ptr, w_ptr, y_ptr, K, N, begin, end); });
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) { kernel(x_ptr, w_ptr, scale, y_ptr, K, N, begin, end); });
   return y;
+}
+
+at::Tensor skinny_linear_cpu(const at::Tensor& x, const at::Tensor& weight) {
+  return skinny_linear_impl<float>(x, weight, nullptr);
+}
+
+at::Tensor skinny_linear_int8_cpu(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& scale) {
+  const at::Tensor s = scale.contiguous();
+  TORCH_CHECK(s.numel() == weight.size(0), "skinny_linear_int8: one scale per weight row");
+  return skinny_linear_impl<int8_t>(x, weight, s.data_ptr<float>());
 }
 
 }  // namespace
@@ -141,4 +154,5 @@ TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
   m.impl("draft_step", &draft_step_cpu);
   m.impl("philox_uniforms", &philox_uniforms_cpu);
   m.impl("skinny_linear", &skinny_linear_cpu);
+  m.impl("skinny_linear_int8", &skinny_linear_int8_cpu);
 }

@@ -16,38 +16,57 @@ namespace specdec {
 
 constexpr int kSkinnyMaxRows = 16;
 
-// Rows [n0, n1) of y [M, N] from x [M, K] and w [N, K], all fp32 row-major. No FMA
+// Weight lanes as fp32: fp32 as they are, int8 sign-extended and converted (exact). GCC 12
+// scalarises vector-extension conversions from int8, hence the intrinsics.
+inline vfloat load_weights(const float* p) { return load(p); }
+inline vfloat load_weights(const int8_t* p) {
+#if defined(__AVX512F__)
+  return (vfloat)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+#elif defined(__AVX2__)
+  return (vfloat)_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+#else
+  vfloat v;
+  for (int l = 0; l < kWidth; ++l) v[l] = p[l];
+  return v;
+#endif
+}
+
+// Rows [n0, n1) of y [M, N] from x [M, K] fp32 and w [N, K] (fp32, or int8 with a scale per
+// output row: y[m, n] = scale[n] * sum_k x[m, k] w[n, k]), all row-major. No FMA
 // contraction: the compiler would fuse some instantiations and not others, and the sums
 // must not depend on M.
-template <int M>
-__attribute__((optimize("fp-contract=off"))) void skinny_linear_rows(const float* x, const float* w, float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+template <int M, typename W>
+__attribute__((optimize("fp-contract=off"))) void skinny_linear_rows(const float* x, const W* w, const float* scale, float* y,
+                                                                      int64_t K, int64_t N, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
-    const float* row = w + n * K;
+    const W* row = w + n * K;
     vfloat acc[M];
     for (int m = 0; m < M; ++m) acc[m] = vfloat{};
     int64_t k = 0;
     for (; k + kWidth <= K; k += kWidth) {
-      const vfloat wk = load(row + k);
+      const vfloat wk = load_weights(row + k);
       for (int m = 0; m < M; ++m) acc[m] += wk * load(x + m * K + k);
     }
     for (int m = 0; m < M; ++m) {
       float sum = 0.0f;
       for (int l = 0; l < kWidth; ++l) sum += acc[m][l];
-      for (int64_t j = k; j < K; ++j) sum += row[j] * x[m * K + j];
-      y[m * N + n] = sum;
+      for (int64_t j = k; j < K; ++j) sum += static_cast<float>(row[j]) * x[m * K + j];
+      y[m * N + n] = scale ? sum * scale[n] : sum;
     }
   }
 }
 
-// The instantiation for M rows (1 <= M <= kSkinnyMaxRows).
-using SkinnyRows = void (*)(const float*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-template <int... Ms>
-constexpr SkinnyRows skinny_table(int M, std::integer_sequence<int, Ms...>) {
-  constexpr SkinnyRows table[] = {&skinny_linear_rows<Ms + 1>...};
+// The instantiation for M rows (1 <= M <= kSkinnyMaxRows) and weights of type W.
+template <typename W>
+using SkinnyRows = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+template <typename W, int... Ms>
+constexpr SkinnyRows<W> skinny_table(int M, std::integer_sequence<int, Ms...>) {
+  constexpr SkinnyRows<W> table[] = {&skinny_linear_rows<Ms + 1, W>...};
   return table[M - 1];
 }
-inline SkinnyRows skinny_linear_kernel(int M) {
-  return skinny_table(M, std::make_integer_sequence<int, kSkinnyMaxRows>{});
+template <typename W>
+SkinnyRows<W> skinny_linear_kernel(int M) {
+  return skinny_table<W>(M, std::make_integer_sequence<int, kSkinnyMaxRows>{});
 }
 
 }  // namespace specdec

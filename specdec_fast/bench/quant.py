@@ -1,23 +1,30 @@
 """Quantized draft benchmark (``benchmarks/quant.py``, ``specdec-fast quant-bench``).
 
-The shipped draft with int8 weights against the default fp32 one: torchao's int8
-weight-only quantization (``Int8WeightOnlyConfig``), and torch's dynamic int8
-quantization (``torch.ao.quantization.quantize_dynamic``, deprecated in torch 2.10+, kept
-for comparison). Both quantize the draft's decoder layers (``nn.Linear``); the restricted
-LM head stays fp32 (skinny kernel). For each variant: the draft step cost c (one-token
-draft pass / one-token target pass) and, on held-out prompts side by side with the target
-alone (each run right after its own run of the target alone), acceptance and tokens/s of
-``fast_generate`` at a fixed draft length.
+The shipped draft (feature or token) with int8 weights against the default fp32 one
+(skinny kernel): the ``cpu`` backend's int8 skinny kernel (``use_int8_weights``: every
+linear layer and the restricted LM head, one scale per output row), torchao's int8
+weight-only quantization (``Int8WeightOnlyConfig``, where torchao is installed) and torch's
+dynamic int8 quantization (``quantize_dynamic``, deprecated in torch 2.10+, kept for
+comparison); the last two quantize the ``nn.Linear`` layers and leave the restricted head
+fp32. For each variant: the draft step cost c (one-token draft pass / one-token target
+pass) and, on held-out prompts side by side with the target alone (each run right after
+its own run of the target alone), acceptance and tokens/s of ``fast_generate`` at a fixed
+draft length.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 
 import torch
 
-from ..generate import fast_generate, generate_autoregressive, warmup
+from ..attention import use_packed_gqa
 from ..drafts import default_draft
+from ..feature_draft import FeatureDraftLM, default_feature_draft
+from ..generate import fast_generate, generate_autoregressive, warmup
+from ..linear import use_int8_weights
+from ..smollm2 import use_fast_passes
 from .common import machine, markdown_table, write_results
 from .e2e import pass_seconds
 from .efficiency import EfficiencyBenchmark, plot_speedups
@@ -36,30 +43,49 @@ def int8_dynamic(draft: torch.nn.Module) -> torch.nn.Module:
         return torch.ao.quantization.quantize_dynamic(draft, {torch.nn.Linear}, dtype=torch.qint8)
 
 
-def run(num_prompts: int, k: int, temperatures: list[float], max_new_tokens: int, out_name: str = "quant") -> dict:
-    bench = EfficiencyBenchmark.default(num_prompts, max_new_tokens=max_new_tokens, temperatures=tuple(temperatures))
+def variants() -> dict:
+    """name -> what it does to a fresh copy of the shipped draft, fast passes included (torchao's
+    and torch's quantized layers replace nn.Linear, so they get packed GQA attention only)."""
+    found = {"fp32": use_fast_passes, "int8 skinny": lambda draft: use_int8_weights(use_fast_passes(draft))}
+    if importlib.util.find_spec("torchao") is not None:
+        found["int8 torchao"] = lambda draft: use_packed_gqa(int8_torchao(draft))
+    found["int8 dynamic"] = lambda draft: use_packed_gqa(int8_dynamic(draft))
+    return found
+
+
+def drafts(bench: EfficiencyBenchmark, kind: str) -> dict:
+    """name -> the draft to pass to fast_generate with bench.target, one per :func:`variants`."""
+    if kind == "feature":
+        model = bench.target.model
+        return {name: FeatureDraftLM(quantize(default_feature_draft(model)), bench.target)
+                for name, quantize in variants().items()}
+    return {name: quantize(default_draft(bench.target)) for name, quantize in variants().items()}
+
+
+def run(num_prompts: int, k: int, temperatures: list[float], max_new_tokens: int, kind: str = "feature",
+        out_name: str = "quant") -> dict:
+    bench = EfficiencyBenchmark.default(num_prompts, kind, max_new_tokens=max_new_tokens, temperatures=tuple(temperatures))
     target = bench.target
-    drafts = {"fp32": bench.draft, "int8 torchao": int8_torchao(default_draft(target)),
-              "int8 dynamic": int8_dynamic(default_draft(target))}
-    for draft in drafts.values():
+    candidates = drafts(bench, kind)
+    for draft in candidates.values():
         warmup(target, draft)
     ids = bench.prompt_ids(0)
-    target_s = pass_seconds(target, ids)
-    costs = {name: pass_seconds(d, ids) / target_s for name, d in drafts.items()}
+    target_s = pass_seconds(target, ids)  # also leaves the target's features of ids for a feature draft
+    costs = {name: pass_seconds(d, ids) / target_s for name, d in candidates.items()}
 
     methods = {"target alone": lambda p, s: dict(tps=generate_autoregressive(target, p, **s).stats.tokens_per_second)}
-    for name, draft in drafts.items():
+    for name, draft in candidates.items():
         def method(p, s, draft=draft):
             st = fast_generate(target, draft, p, num_draft_tokens=k, **s).stats
             return dict(tps=st.tokens_per_second, acceptance=st.acceptance_rate)
         methods[f"{name} k={k}"] = method
     runs = bench.run(methods, "target alone", desc="prompts")
     summary = EfficiencyBenchmark.compare_with_baseline(runs, "target alone")
-    data = dict(machine=machine(), settings=dict(prompts=len(bench.prompts), k=k, temperatures=temperatures,
+    data = dict(machine=machine(), settings=dict(draft=kind, prompts=len(bench.prompts), k=k, temperatures=temperatures,
                                                  max_new_tokens=max_new_tokens),
                 target_step_s=target_s, c=costs, runs=runs, summary=summary)
     write_results(out_name, data, table(data))
-    plot_speedups(summary, out_name, "draft weights")
+    plot_speedups(summary, out_name, f"{kind} draft weights")
     return data
 
 
@@ -69,5 +95,5 @@ def table(data: dict) -> str:
              f"{s['acceptance']:.3f}" if "acceptance" in s else "-"] for s in data["summary"]]
     costs = ", ".join(f"{name} {value:.3f}" for name, value in c.items())
     return (markdown_table(["T", "method", "tok/s", "speedup vs target", "acceptance"], rows) +
-            f"\n\nMedians over {data['settings']['prompts']} held-out prompts, {data['settings']['max_new_tokens']} tokens. "
+            f"\n\n{data['settings'].get('draft', 'token').capitalize()} draft. Medians over {data['settings']['prompts']} held-out prompts, {data['settings']['max_new_tokens']} tokens. "
             f"Draft step cost c (one-token pass / target's {data['target_step_s'] * 1e3:.1f} ms): {costs}.")
