@@ -23,15 +23,22 @@ from .backends import resolve
 MAX_ROWS = 12  # csrc/cpu/skinny_linear.h allows 16; at 16 rows BLAS is as fast
 
 
+def _check_rows(name: str, x: Tensor, weight: Tensor, scale: Tensor | None = None) -> None:
+    """The shapes the public skinny ops take: x [M, K] with 1 <= M <= 12, weight [N, K] (and scale [N])."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or (scale is not None and scale.shape != weight.shape[:1]):
+        wanted = "x [M, K] and weight [N, K]" + (" and scale [N]" if scale is not None else "")
+        got = " and ".join(str(list(t.shape)) for t in (x, weight, scale) if t is not None)
+        raise ValueError(f"{name} needs {wanted}, got {got}")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"{name} takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
+
+
 def skinny_linear(x: Tensor, weight: Tensor, backend: str = "auto") -> Tensor:
     """x [M, K] fp32 @ weight [N, K]^T -> [M, N] fp32 for 1 <= M <= 12: the ``cpu`` kernel, or
     F.linear for ``backend="torch"`` (the reference) and where the kernel cannot load."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"skinny_linear needs x [M, K] and weight [N, K], got {list(x.shape)} and {list(weight.shape)}")
     if x.dtype != torch.float32 or weight.dtype != torch.float32:
         raise ValueError(f"skinny_linear is fp32 only, got {x.dtype} and {weight.dtype}")
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"skinny_linear takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
+    _check_rows("skinny_linear", x, weight)
     if resolve(backend, x.device) == "cpu":
         return torch.ops.specdec_fast.skinny_linear(x, weight)
     return F.linear(x, weight)
@@ -46,12 +53,17 @@ def _kernel_rows(x: Tensor, in_features: int) -> int:
     return rows if usable else 0
 
 
+def _on_rows(op, x: Tensor, rows: int, *args: Tensor) -> Tensor:
+    """``op(x as [rows, K], *args)`` reshaped back to x's leading dimensions."""
+    return op(x.reshape(rows, -1), *args).reshape(*x.shape[:-1], -1)
+
+
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """``F.linear(x, weight)`` (x [..., K], weight [N, K]), by the skinny kernel where it applies
     (see :func:`_kernel_rows`; the weight fp32 too)."""
     rows = _kernel_rows(x, weight.shape[1])
     if rows and weight.dtype == torch.float32:
-        return torch.ops.specdec_fast.skinny_linear(x.reshape(rows, -1), weight).reshape(*x.shape[:-1], -1)
+        return _on_rows(torch.ops.specdec_fast.skinny_linear, x, rows, weight)
     return F.linear(x, weight)
 
 
@@ -64,18 +76,20 @@ def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 def skinny_linear_int8(x: Tensor, weight: Tensor, scale: Tensor, backend: str = "auto") -> Tensor:
     """x [M, K] fp32 @ (weight [N, K] int8 * scale [N, 1] fp32)^T -> [M, N] fp32 for 1 <= M <= 12:
-    the ``cpu`` kernel, or the reference ``F.linear(x, weight.float()) * scale`` for
-    ``backend="torch"`` and where the kernel cannot load."""
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1] or scale.shape != weight.shape[:1]:
-        raise ValueError(f"skinny_linear_int8 needs x [M, K], weight [N, K] and scale [N], got "
-                         f"{list(x.shape)}, {list(weight.shape)} and {list(scale.shape)}")
+    the ``cpu`` kernel, or the reference :func:`dequantized_linear` for ``backend="torch"``
+    and where the kernel cannot load."""
     if x.dtype != torch.float32 or weight.dtype != torch.int8 or scale.dtype != torch.float32:
         raise ValueError(f"skinny_linear_int8 takes fp32 x, int8 weight, fp32 scale, got {x.dtype}, {weight.dtype}, {scale.dtype}")
-    if not 1 <= x.shape[0] <= MAX_ROWS:
-        raise ValueError(f"skinny_linear_int8 takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
+    _check_rows("skinny_linear_int8", x, weight, scale)
     if resolve(backend, x.device) == "cpu":
         return torch.ops.specdec_fast.skinny_linear_int8(x, weight, scale)
-    return F.linear(x, weight.float()) * scale
+    return dequantized_linear(x, weight, scale)
+
+
+def dequantized_linear(x: Tensor, weight: Tensor, scale: Tensor) -> Tensor:
+    """The int8 reference: ``F.linear(x, weight) * scale`` in x's dtype (x [..., K], weight [N, K]
+    int8, scale [N]) -> [..., N]."""
+    return F.linear(x, weight.to(x.dtype)) * scale.to(x.dtype)
 
 
 class Int8Linear(nn.Module):
@@ -93,8 +107,8 @@ class Int8Linear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         rows = _kernel_rows(x, self.in_features)
         if rows:
-            return torch.ops.specdec_fast.skinny_linear_int8(x.reshape(rows, -1), self.weight, self.scale).reshape(*x.shape[:-1], -1)
-        return F.linear(x, self.weight.to(x.dtype)) * self.scale.to(x.dtype)
+            return _on_rows(torch.ops.specdec_fast.skinny_linear_int8, x, rows, self.weight, self.scale)
+        return dequantized_linear(x, self.weight, self.scale)
 
 
 class SkinnyLinear(nn.Linear):
