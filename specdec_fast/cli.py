@@ -163,9 +163,10 @@ def _train_policy(args) -> int:
     out = Path(args.out) if args.out else POLICY_FILES[args.draft]
     metadata = train_policy.run(out, args.prompts, args.temperatures, args.max_new_tokens, args.max_draft,
                                 draft_kind=args.draft)
-    print("calibration (every fifth policy prompt, not fitted on): decile, predicted, observed acceptance")
-    for row in metadata["calibration"]:
-        print(f"  {row['decile']:2d}  {row['predicted']:.3f}  {row['observed']:.3f}  (n={row['n']})")
+    for name, what in (("calibration", "the drafted token"), ("next_calibration", "the next drafted token")):
+        print(f"calibration of {what}'s acceptance (every fifth policy prompt, not fitted on): decile, predicted, observed")
+        for row in metadata[name]:
+            print(f"  {row['decile']:2d}  {row['predicted']:.3f}  {row['observed']:.3f}  (n={row['n']})")
     print(f"{metadata['rows']} drafted tokens from {metadata['prompts']} prompts in {metadata['minutes']:.1f} min; "
           f"written to {out}")
     return 0

@@ -548,11 +548,18 @@ def write_card(path: Path, kind: str, draft_file: str, info: dict, acceptance: d
     """The model card; ``info`` also holds ``responses``, ``prompts`` ({prompt set: prompts}) and
     ``corpus_chunks`` of the collection."""
     model = MODELS[kind].format(**info, file=draft_file, size_mb=size_mb)
-    init, init_line, reproduce = info.get("init"), "", f"`{command}`"
-    if init:
-        init_line = (f"\n- Initialised from a feature draft trained by `{init.get('command', '(not recorded)')}`\n"
-                     f"  ({int(init['label_positions']):,} labelled positions, {init['steps']} steps); every weight trained further.")
-        reproduce = f"`{init.get('command')}`, then `{command}` (`--init` = the first command's output)"
+    inits, init = [], info.get("init")  # the chain of drafts this one started from, latest first
+    while init:
+        inits.append(init)
+        init = init.get("init")
+    init_line, reproduce = "", f"`{command}`"
+    if inits:
+        stages = ", itself initialised from one trained by ".join(
+            f"`{i.get('command', '(not recorded)')}` ({int(i['label_positions']):,} labelled positions, {i['steps']} steps)"
+            for i in inits)
+        init_line = f"\n- Initialised from a feature draft trained by {stages}; every weight trained further."
+        reproduce = ", then ".join(f"`{i.get('command')}`" for i in [*reversed(inits), dict(command=command)])
+        reproduce += " (each `--init` = the previous command's output)"
     validation_line = ""
     if info.get("validation"):
         losses = ", ".join(f"{v:.3f}" for v in info["validation"])

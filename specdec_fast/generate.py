@@ -36,6 +36,7 @@ class GenerationStats:
     draft_calls: int = 0
     drafted: int = 0
     accepted: int = 0
+    withheld: int = 0  # rounds whose first drafted token the policy chose not to verify (a draft pass spent)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: rounds that drafted it
     accepted_at: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
     prefill_s: float = 0.0
@@ -262,6 +263,9 @@ def fast_generate(
             stats.draft_calls += 1
             for i in range(k_max):
                 step = draft_step(logits[None], **sampling, uniforms=u_draft[:, i])
+                if i == 0 and not policy.propose_first(step, params.temperature):
+                    stats.withheld += 1
+                    break
                 tokens.append(step.tokens)
                 probs.append(step.probs)
                 if i + 1 == k_max or int(step.tokens) in eos or not policy.continue_drafting(i, step, params.temperature):

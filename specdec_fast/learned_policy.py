@@ -7,10 +7,14 @@ more adds s_i a_{i+1} expected tokens for one draft step plus the larger target 
 
     CONTINUE  iff  s_i a_{i+1} >= lambda (c + T(i + 2) - T(i + 1)),
 
-with a_{i+1} predicted from the current token's features, c and T(n) (seconds of a draft
-step and of a target pass over n tokens) measured, and lambda the running throughput. The
-same test decides whether to draft at all. For block verification s_i is the clipped
-cumulative ratio min(1, s_{i-1} rho_i), rho = E[min(R, p/q)].
+with a_{i+1} the acceptance of the token not drafted yet, predicted from the current token's
+features (a head of its own: for a feature draft the next position, drafted from the draft's
+own features, is accepted far less often than the current one, so a_i is no proxy for it),
+c and T(n) (seconds of a draft step and of a target pass over n tokens) measured, and lambda
+the running throughput. The first draft position is decided after its draft pass, on that
+position's distribution (``propose_first``; the pass itself is spent). For block verification
+s_i is the clipped cumulative ratio min(1, s_{i-1} rho_i), rho = E[min(R, p/q)], and the gain
+of token i + 1 is min(1, s_i rho_{i+1}).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from torch import nn
 
 from .policy import FEATURES, MDPState, SpeculativePolicy
+from .reference.draft_step import DraftStepOutput
 
 RATIO_CAP = 4.0  # the ratio head predicts E[min(RATIO_CAP, p/q)] / RATIO_CAP
 PRIOR_TOKENS = 4.0  # the batch rule's prior on alpha (0.5) weighs as much as this many drafted tokens
@@ -45,12 +50,16 @@ class FeatureMLP(nn.Module):
         return self.net((features - self.mean) / self.std)
 
 
+PREDICTOR_OUTPUTS = ("accept", "ratio", "next_accept", "next_ratio")
+
+
 class AcceptancePredictor(FeatureMLP):
-    """[N, F] features -> [N, 2] in (0, 1): P(accept) = E[min(1, p/q)] of the token just drafted,
-    and E[min(RATIO_CAP, p/q)] / RATIO_CAP."""
+    """[N, F] features -> [N, 4] in (0, 1), in PREDICTOR_OUTPUTS order: P(accept) = E[min(1, p/q)]
+    of the token just drafted and E[min(RATIO_CAP, p/q)] / RATIO_CAP; the same two of the next
+    token, were one drafted."""
 
     def __init__(self, hidden: int = 32):
-        super().__init__(2, hidden)
+        super().__init__(len(PREDICTOR_OUTPUTS), hidden)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
         return torch.sigmoid(self.logits(features))
@@ -152,6 +161,9 @@ def geometric_acceptance(mean_accepted: float, drafted: int) -> float:
 class CostAwarePolicy(SpeculativePolicy):
     """The learned stopping rule of the module docstring, with an :class:`AcceptancePredictor`.
 
+    A round of one sequence drafts unless even a sure acceptance would not pay for it; whether
+    its first draft is verified, and whether drafting continues, is decided token by token.
+
     A batch round (``rows`` given, see policy.py) drafts one length k for every sequence, chosen before
     drafting: the k in [0, limit] with the most expected tokens per second,
     (1 + alpha + ... + alpha^k) / (k c(rows) + T(rows (k + 1))), with alpha the running
@@ -159,9 +171,8 @@ class CostAwarePolicy(SpeculativePolicy):
     target pass turns compute-bound, T(rows (k + 1)) grows with k, and the policy drafts
     less, down to nothing.
 
-    ``probe_every``: after that many rounds without drafting, draft one round anyway (all
-    ``limit`` tokens; one in a batch round), so the acceptance estimate can recover when the
-    text gets easier. Each probe that does not bring drafting back doubles the gap to the
+    ``probe_every``: after that many batch rounds without drafting, draft one token anyway, so
+    the acceptance estimate can recover when the text gets easier. Each probe that does not bring drafting back doubles the gap to the
     next one (up to 16 ``probe_every``): a probe of a large batch is dear. The first batch
     round is a probe, so alpha soon rests on a measurement (see ``token_acceptance``). No probe is
     made where the current costs say drafting would lose even if every draft were accepted
@@ -189,9 +200,10 @@ class CostAwarePolicy(SpeculativePolicy):
         taken at face value, one lucky probe had a single sequence drafting 8 tokens a round."""
         return self.alpha_sum / self.alpha_weight
 
-    def _worth(self, gain: float, drafted: int) -> bool:
-        """Is one more draft token (after `drafted`) with expected gain `gain` worth its cost?"""
-        cost = self.costs.draft() + self.costs.target(drafted + 2) - self.costs.target(drafted + 1)
+    def _worth(self, gain: float, drafted: int, draft_step: bool = True) -> bool:
+        """Is one more draft token (after `drafted`) with expected gain `gain` worth its cost (the
+        larger target pass, and the draft step unless it is spent already)?"""
+        cost = self.costs.target(drafted + 2) - self.costs.target(drafted + 1) + (self.costs.draft() if draft_step else 0.0)
         return gain >= self.throughput() * cost
 
     def _probe(self, length: int, probe: int) -> int:
@@ -222,17 +234,25 @@ class CostAwarePolicy(SpeculativePolicy):
                 self.batch_probed = True
                 return probe
             return self._probe(max(range(limit + 1), key=lambda k: rate(self.token_acceptance, k)), probe)
-        probe = limit if self._worth(1.0, 0) else 0
-        return self._probe(limit if self._worth(self.recent_acceptance, 0) else 0, probe)
+        return limit if self._worth(1.0, 0) else 0
 
     @torch.no_grad()
+    def predict(self, state: MDPState) -> list[float]:
+        """The predictor's PREDICTOR_OUTPUTS at ``state``."""
+        return self.predictor(state.features()[None])[0].tolist()
+
+    def propose_first(self, step: DraftStepOutput, temperature: float) -> bool:
+        return self._worth(self.predict(self.first_state(step, temperature))[0], 0, draft_step=False)
+
     def decide(self, state: MDPState) -> bool:
-        accept, ratio = self.predictor(state.features()[None])[0].tolist()
+        accept, ratio, next_accept, next_ratio = self.predict(state)
         if self.block:
             self.survival = min(1.0, self.survival * ratio * RATIO_CAP)
+            gain = min(1.0, self.survival * next_ratio * RATIO_CAP)
         else:
             self.survival *= accept
-        return self._worth(self.survival * accept, state.position)
+            gain = self.survival * next_accept
+        return self._worth(gain, state.position)
 
     def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None:
         super().observe(drafted, accepted, draft_s, target_s, rows)
@@ -279,9 +299,10 @@ def load_policy(path: Path = POLICY_FILES["token"]) -> tuple[AcceptancePredictor
     tensors = load_file(str(path))
     with safe_open(str(path), "pt") as f:
         metadata = json.loads(f.metadata()["specdec_fast"])
-    if metadata.get("features") != list(FEATURES):
-        raise ValueError(f"{path} was trained on the features {metadata.get('features')}, this version's are "
-                         f"{list(FEATURES)}: retrain it with `specdec-fast train-policy`")
+    if metadata.get("features") != list(FEATURES) or metadata.get("outputs") != list(PREDICTOR_OUTPUTS):
+        raise ValueError(f"{path} predicts {metadata.get('outputs', ['accept', 'ratio'])} from the features "
+                         f"{metadata.get('features')}, this version {list(PREDICTOR_OUTPUTS)} from {list(FEATURES)}: "
+                         "retrain it with `specdec-fast train-policy`")
     nets = AcceptancePredictor(metadata["hidden"]), ValueNetwork(metadata["hidden"]), PolicyNetwork(metadata["hidden"])
     for name, net in zip(("predictor", "value", "policy"), nets):
         net.load_state_dict({key.removeprefix(name + "."): t for key, t in tensors.items() if key.startswith(name + ".")})

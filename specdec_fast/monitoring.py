@@ -66,6 +66,9 @@ class AdaptiveMonitoringSystem:
     def begin_round(self, remaining: int, rows: int | None = None) -> int:
         return min(self.cap, self.policy.begin_round(remaining, rows))
 
+    def propose_first(self, step: DraftStepOutput, temperature: float) -> bool:
+        return self.policy.propose_first(step, temperature)
+
     def continue_drafting(self, position: int, step: DraftStepOutput, temperature: float) -> bool:
         return self.policy.continue_drafting(position, step, temperature)
 

@@ -6,15 +6,22 @@ never the current round's target outputs or uniforms, so it chooses how many tok
 draft and cannot bias which are accepted: the output stays the target's distribution.
 
 The loop (``fast_generate``) calls, per round: ``begin_round(remaining)`` -> the most
-tokens to draft (0: none); ``continue_drafting(position, step, temperature)`` after each drafted token
-but the last allowed one; ``observe(drafted, accepted, draft_s, target_s)`` after
+tokens to draft (0: none); ``propose_first(step, temperature)`` after the round's first draft
+pass -> whether to verify its token at all (False: the round verifies nothing, and costs one
+target pass and the draft pass); ``continue_drafting(position, step, temperature)`` after each
+drafted token but the last allowed one; ``observe(drafted, accepted, draft_s, target_s)`` after
 verification, with the round's measured draft and target (+ verify) seconds.
+
+``continue_drafting`` may look at the drafted token itself (the next token is drawn afresh
+from q, whatever came before), but ``propose_first`` must not: withholding a token *because
+of its value* would verify a draft distribution other than q. It sees the draft's distribution
+at that position (entropy, top-1 probability), a function of the committed prefix only.
 
 The batched loop (``batch_generate``) drafts the same number of tokens for all ``rows``
 sequences of a round, chosen before drafting: it calls ``begin_round(remaining, rows)``
 (remaining: the largest budget left in the batch) and ``observe(drafted, accepted,
 draft_s, target_s, rows)`` with ``accepted`` the mean over the rows; it never calls
-``continue_drafting``. ``rows=None`` means the single-sequence loop.
+``propose_first`` or ``continue_drafting``. ``rows=None`` means the single-sequence loop.
 """
 
 from __future__ import annotations
@@ -64,6 +71,8 @@ class MDPState:
 class DraftPolicy(Protocol):
     def begin_round(self, remaining: int, rows: int | None = None) -> int: ...
 
+    def propose_first(self, step: DraftStepOutput, temperature: float) -> bool: ...
+
     def continue_drafting(self, position: int, step: DraftStepOutput, temperature: float) -> bool: ...
 
     def observe(self, drafted: int, accepted: float, draft_s: float, target_s: float, rows: int | None = None) -> None: ...
@@ -85,6 +94,16 @@ class SpeculativePolicy:
     def begin_round(self, remaining: int, rows: int | None = None) -> int:
         self.survival, self.remaining = 1.0, remaining
         return min(self.max_length, remaining)
+
+    def propose_first(self, step: DraftStepOutput, temperature: float) -> bool:
+        """Verify the round's first drafted token (True), or nothing this round; by default always."""
+        return True
+
+    def first_state(self, step: DraftStepOutput, temperature: float) -> MDPState:
+        """The state of the round's first draft position as ``propose_first`` may see it: q(X) is
+        replaced by the top-1 probability (equal to it when greedy), the drafted token is not read."""
+        top1 = float(step.top1_prob[0])
+        return MDPState(1, float(step.entropy[0]), top1, top1, 1.0, self.recent_acceptance, self.remaining - 1, temperature)
 
     def continue_drafting(self, position: int, step: DraftStepOutput, temperature: float) -> bool:
         state = MDPState(position + 1, float(step.entropy[0]), float(step.top1_prob[0]), float(step.token_prob[0]),

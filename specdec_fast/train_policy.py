@@ -7,9 +7,9 @@ the seed's value / policy networks by fitted value iteration.
    that always drafts ``max_draft`` tokens, at each temperature; for every drafted token its
    MDPState features and the soft labels min(1, p/q) and min(R, p/q) / R, p the target's
    warped probability of the token (the exact acceptance probability, lower variance than
-   the accept/reject outcome).
-2. The AcceptancePredictor, fitted to the soft labels (binary cross-entropy), calibrated on
-   every fifth prompt, not fitted on (predicted vs observed acceptance by decile).
+   the accept/reject outcome), and the same labels of the round's next drafted token.
+2. The AcceptancePredictor, fitted to the soft labels (binary cross-entropy), calibrated on every fifth prompt, not fitted on (predicted vs
+   observed acceptance by decile, of the token and of the next one).
 3. ValueNetwork: the value of CONTINUING from a state, y_i = S_i a_{i+1} - lambda dt_i +
    max(0, V(state_{i+1})), S_i the product of the labels so far, iterated (fitted value
    iteration) with lambda the throughput its own stopping rule reaches on the traces;
@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 from .bench.e2e import step_costs
 from .generate import fast_generate
-from .learned_policy import (RATIO_CAP, AcceptancePredictor, PolicyNetwork, ValueNetwork, save_policy)
+from .learned_policy import (PREDICTOR_OUTPUTS, RATIO_CAP, AcceptancePredictor, PolicyNetwork, ValueNetwork,
+                             save_policy)
 from .policy import FEATURES, MDPState, SpeculativePolicy
 from .prompts import chat_prompt_ids, policy_prompts
 from .sampling import warp_logits
@@ -42,7 +43,8 @@ class TraceRecorder(SpeculativePolicy):
     def __init__(self, max_draft: int, temperature: float):
         super().__init__(max_draft)
         self.temperature = temperature
-        self.features, self.accept, self.ratio, self.round = [], [], [], []
+        self.features, self.round = [], []
+        self.labels = {name: [] for name in PREDICTOR_OUTPUTS}
         self.rounds, self.round_states = 0, []
 
     def decide(self, state: MDPState) -> bool:
@@ -57,14 +59,15 @@ class TraceRecorder(SpeculativePolicy):
                             torch.ones(n))
             p_x = p.gather(-1, draft_tokens[:, None]).squeeze(-1).double()
             q_x = draft_probs.gather(-1, draft_tokens[:, None]).squeeze(-1).double().clamp_min(1e-30)
-            # The last drafted token is never followed by a decision, so its state was not recorded: rebuild it.
-            states = self.round_states[:k] + [None] * (k - len(self.round_states))
-            for i, state in enumerate(states[:k]):
-                if state is None:
-                    continue
+            ratio = (p_x / q_x).tolist()
+            # The last drafted token is followed by no decision: no state was recorded for it, and
+            # each recorded token has a next one.
+            for i, state in enumerate(self.round_states[:k]):
                 self.features.append(state.features())
-                self.accept.append(float(min(1.0, p_x[i] / q_x[i])))
-                self.ratio.append(float(min(RATIO_CAP, p_x[i] / q_x[i]) / RATIO_CAP))
+                for name, r in (("accept", ratio[i]), ("next_accept", ratio[i + 1])):
+                    self.labels[name].append(min(1.0, r))
+                for name, r in (("ratio", ratio[i]), ("next_ratio", ratio[i + 1])):
+                    self.labels[name].append(min(RATIO_CAP, r) / RATIO_CAP)
                 self.round.append(self.rounds)
         self.rounds += 1
         self.round_states = []
@@ -72,8 +75,8 @@ class TraceRecorder(SpeculativePolicy):
 
 def collect_traces(target, draft, tokenizer, prompts: list[str], temperatures: list[float], max_new_tokens: int,
                    max_draft: int) -> dict:
-    """Features [N, F], soft labels accept/ratio [N], and for each row its round and prompt ids."""
-    rows = dict(features=[], accept=[], ratio=[], round=[], prompt=[])
+    """Features [N, F], soft labels [N] of each of PREDICTOR_OUTPUTS, and for each row its round and prompt ids."""
+    rows = dict(features=[], round=[], prompt=[]) | {name: [] for name in PREDICTOR_OUTPUTS}
     rounds = 0
     for i, prompt in enumerate(tqdm(prompts, desc="traces")):
         ids = chat_prompt_ids(tokenizer, prompt, chat=True)
@@ -82,13 +85,12 @@ def collect_traces(target, draft, tokenizer, prompts: list[str], temperatures: l
             fast_generate(target, draft, ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=i,
                           policy=recorder, eos_token_id=(), on_round=recorder.on_round)
             rows["features"] += recorder.features
-            rows["accept"] += recorder.accept
-            rows["ratio"] += recorder.ratio
+            for name in PREDICTOR_OUTPUTS:
+                rows[name] += recorder.labels[name]
             rows["round"] += [rounds + r for r in recorder.round]
-            rows["prompt"] += [i] * len(recorder.accept)
+            rows["prompt"] += [i] * len(recorder.round)
             rounds += recorder.rounds
-    return dict(features=torch.stack(rows["features"]), accept=torch.tensor(rows["accept"]),
-                ratio=torch.tensor(rows["ratio"]), round=torch.tensor(rows["round"]), prompt=torch.tensor(rows["prompt"]))
+    return dict(features=torch.stack(rows.pop("features"))) | {name: torch.tensor(v) for name, v in rows.items()}
 
 
 def _standardise(net, features: torch.Tensor) -> None:
@@ -113,16 +115,17 @@ def fit_predictor(traces: dict, train: torch.Tensor, hidden: int) -> AcceptanceP
     predictor = AcceptancePredictor(hidden)
     x = traces["features"][train]
     _standardise(predictor, x)
-    labels = torch.stack([traces["accept"], traces["ratio"]], 1)[train]
+    labels = torch.stack([traces[name] for name in PREDICTOR_OUTPUTS], 1)[train]
     _fit(predictor, x, lambda logits: torch.nn.functional.binary_cross_entropy_with_logits(logits, labels))
     return predictor.eval()
 
 
-def calibration(predictor: AcceptancePredictor, traces: dict, rows: torch.Tensor) -> list[dict]:
-    """Predicted vs observed (soft-label) acceptance by decile of the prediction, on ``rows``."""
+def calibration(predictor: AcceptancePredictor, traces: dict, rows: torch.Tensor, output: str = "accept") -> list[dict]:
+    """Predicted vs observed (soft-label) ``output`` (one of PREDICTOR_OUTPUTS) by decile of the
+    prediction, on ``rows``."""
     with torch.no_grad():
-        predicted = predictor(traces["features"][rows])[:, 0]
-    observed = traces["accept"][rows]
+        predicted = predictor(traces["features"][rows])[:, PREDICTOR_OUTPUTS.index(output)]
+    observed = traces[output][rows]
     order = predicted.argsort()
     return [dict(decile=d + 1, predicted=float(predicted[chunk].mean()), observed=float(observed[chunk].mean()),
                  n=len(chunk)) for d, chunk in enumerate(order.tensor_split(10))]
@@ -196,10 +199,11 @@ def run(out: Path, prompts: int, temperatures: list[float], max_new_tokens: int,
     train = traces["prompt"] % 5 != 4
     predictor = fit_predictor(traces, train, hidden)
     value, policy, throughput = fit_value_networks(traces, train, costs, hidden)
-    metadata = dict(hidden=hidden, features=list(FEATURES), draft_step_s=costs["draft_step_s"],
+    metadata = dict(hidden=hidden, features=list(FEATURES), outputs=list(PREDICTOR_OUTPUTS), draft_step_s=costs["draft_step_s"],
                     target_pass_s={str(n): s for n, s in costs["target_pass_s"].items()}, ratio_cap=RATIO_CAP,
                     max_draft=max_draft, draft=draft_kind, temperatures=temperatures, prompts=len(chosen), rows=len(traces["accept"]),
-                    calibration=calibration(predictor, traces, ~train), value_throughput=throughput,
+                    calibration=calibration(predictor, traces, ~train),
+                    next_calibration=calibration(predictor, traces, ~train, "next_accept"), value_throughput=throughput,
                     minutes=(time.perf_counter() - start) / 60)
     out.parent.mkdir(parents=True, exist_ok=True)
     save_policy(out, predictor, value, policy, metadata)

@@ -44,10 +44,11 @@ def test_modelled_tokens_per_second_and_the_oracle():
     costs = dict(draft_step_s=0.01, target_fit_s={1: 0.10, 2: 0.11, 3: 0.12})
     assert modelled_tps([0, 2], 4, costs) == pytest.approx(4 / (0.10 + 0.02 + 0.12))
     assert modelled_tps([4], 3, costs) == pytest.approx(3 / (0.04 + 0.14))  # T(5) extrapolated linearly
+    assert modelled_tps([0, 2], 4, costs, withheld=1) == pytest.approx(4 / (0.01 + 0.10 + 0.02 + 0.12))  # a draft pass spent
     # rounds (drafted, accepted): the oracle drafts exactly the accepted tokens and emits the same ones
     out = oracle([(2, 0), (2, 2)], 4, costs)
     assert out["tps"] == out["modelled_tps"] == pytest.approx(4 / (0.10 + 0.02 + 0.12))
-    assert out["calls_per_token"] == 0.5 and out["accepted_length"] == 2.0
+    assert out["calls_per_token"] == 0.5 and out["accepted_length"] == 2.0 and out["no_draft"] == 0.5
 
 
 class CharTokenizer:

@@ -150,3 +150,18 @@ def test_card_names_every_prompt_set_and_the_validation(tmp_path):
     assert "313,402" in card and "every 20th collected sequence" in card
     assert "2.500, 2.250, 2.375; the weights of epoch 2 kept" in card
     assert "T=0 0.200, T=1 0.250" in card
+    assert "Initialised" not in card and "Reproduce: `c`" in card
+
+
+def test_card_reproduces_a_chain_of_warm_starts(tmp_path):
+    """A draft started from one that was itself warm-started: the card gives every command, in order."""
+    from specdec_fast import distill
+
+    first = dict(command="one", label_positions="9", steps=7)
+    second = dict(command="two", label_positions="9", steps=8, init=first)
+    info = dict(source_layer=29, vocab_size=8192, coverage=0.95, samples=2816, label_positions=9, steps=6, epochs=1,
+                batch=8, lr=0.003, weight_decay=0.0, responses=1, prompts={"templates": 16}, corpus_chunks=0, init=second)
+    distill.write_card(tmp_path / "card.md", "feature", "f.safetensors", info, {"T=0": 0.2, "T=1": 0.25}, 64, 17.9, "three")
+    card = (tmp_path / "card.md").read_text()
+    assert "trained by `two` (9 labelled positions, 8 steps), itself initialised from one trained by `one` (9" in card
+    assert "Reproduce: `one`, then `two`, then `three` (each `--init` = the previous command's output)" in card

@@ -8,12 +8,13 @@ import torch
 
 import specdec_fast
 from specdec_fast import HFCachedLM, fast_generate, generate_autoregressive
-from specdec_fast.learned_policy import (POLICY_FILES, AcceptancePredictor, CostAwarePolicy, CostModel, NetworkPolicy,
+from specdec_fast.bench.policies import CurrentTokenAsNext, VerifyEveryFirstDraft
+from specdec_fast.learned_policy import (POLICY_FILES, PREDICTOR_OUTPUTS, AcceptancePredictor, CostAwarePolicy, CostModel, NetworkPolicy,
                                          ValueNetwork, default_policy, load_policy, save_policy)
 from specdec_fast.monitoring import AdaptiveMonitoringSystem
+from specdec_fast.ops import draft_step
 from specdec_fast.policy import (FEATURES, ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule,
                                  MDPState, SpeculativePolicy)
-
 from specdec_fast.train_policy import collect_traces, fit_predictor
 
 from conftest import tiny_llama
@@ -28,6 +29,25 @@ class StopOnEvenToken(SpeculativePolicy):
     """Adversarial but legal: stops after drafting an even token (a decision on the drafted token's value)."""
 
     def continue_drafting(self, position, step, temperature):
+        return int(step.tokens[0]) % 2 == 1
+
+
+class WithholdUnsure(FixedDraftLength):
+    """Verifies no draft in rounds whose first draft distribution has top-1 probability below ``threshold``
+    (a choice on the prefix: legal)."""
+
+    def __init__(self, k: int, threshold: float):
+        super().__init__(k)
+        self.threshold = threshold
+
+    def propose_first(self, step, temperature):
+        return float(step.top1_prob[0]) >= self.threshold
+
+
+class WithholdEvenToken(FixedDraftLength):
+    """Illegal: withholds the first draft when the token drawn is even (a choice on the token's value)."""
+
+    def propose_first(self, step, temperature):
         return int(step.tokens[0]) % 2 == 1
 
 
@@ -49,36 +69,54 @@ POLICIES = {
     "cost-aware": cheap_cost_aware,
     "value network": value_policy,
     "stop on even token": lambda v: StopOnEvenToken(4),
+    "withhold unsure first drafts": lambda v: WithholdUnsure(2, 0.44),
     "monitor (cap moves every round)": lambda v: AdaptiveMonitoringSystem(ConfidenceThreshold(0.5, 4), 4, window=2,
                                                                           period=1),
 }
-CASES = [(name, "token") for name in POLICIES] + [("cost-aware", "block"), ("stop on even token", "block")]
+CASES = [(name, "token") for name in POLICIES] + [("cost-aware", "block"), ("stop on even token", "block"),
+                                                  ("withhold unsure first drafts", "block")]
+
+
+def joint_chi_square(tiny_pair, policy, verifier: str) -> tuple[float, float, int, list]:
+    """chi-square of the first 3 tokens' joint over RUNS seeds against the target's exact joint
+    (512 cells); also each run's stats."""
+    target, draft = tiny_pair
+    vocab = target.config.vocab_size
+    t, d = HFCachedLM(target), HFCachedLM(draft)
+    runs, seqs = [], []
+    for seed in range(RUNS):
+        out = fast_generate(t, d, PROMPT, max_new_tokens=3, temperature=1.0, policy=policy(verifier),
+                            verifier=verifier, seed=seed, eos_token_id=NO_EOS)
+        seqs.append(out.tokens)
+        runs.append(out.stats)
+    seqs = torch.tensor(seqs)
+    cells = (seqs[:, 0] * vocab + seqs[:, 1]) * vocab + seqs[:, 2]
+    return (*chi_square(counts(cells, vocab**3), exact_joint(target, PROMPT, 3, 1.0, 0, 1.0)), runs)
 
 
 @pytest.mark.parametrize("name,verifier", CASES)
 def test_policy_keeps_the_exact_joint(tiny_pair, name, verifier):
-    """The joint of the first 3 tokens over 2,000 seeds equals the target's exact joint (512 cells)."""
-    target, draft = tiny_pair
-    vocab = target.config.vocab_size
-    t, d = HFCachedLM(target), HFCachedLM(draft)
-    lengths, seqs = [], []
-    for seed in range(RUNS):
-        out = fast_generate(t, d, PROMPT, max_new_tokens=3, temperature=1.0, policy=POLICIES[name](verifier),
-                            verifier=verifier, seed=seed, eos_token_id=NO_EOS)
-        seqs.append(out.tokens)
-        lengths.append(out.stats.drafted / out.stats.rounds)
-    seqs = torch.tensor(seqs)
-    cells = (seqs[:, 0] * vocab + seqs[:, 1]) * vocab + seqs[:, 2]
-    stat, threshold, df = chi_square(counts(cells, vocab**3), exact_joint(target, PROMPT, 3, 1.0, 0, 1.0))
+    """The joint of the first 3 tokens over 2,000 seeds equals the target's exact joint."""
+    stat, threshold, df, runs = joint_chi_square(tiny_pair, POLICIES[name], verifier)
     assert stat < threshold, f"chi2 {stat:.1f} > {threshold:.1f} (df {df})"
-    assert len(set(lengths)) > 1, "the policy never varied the draft length: the test would not exercise it"
+    assert len({s.drafted / s.rounds for s in runs}) > 1, "the policy never varied the draft length: the test would not exercise it"
+    if name.startswith("withhold"):
+        withheld = sum(s.withheld for s in runs) / sum(s.rounds for s in runs)
+        assert 0.1 < withheld < 0.9, f"{withheld:.2f} of rounds withheld: the test would not exercise withholding"
+
+
+def test_withholding_the_first_draft_by_its_value_is_caught(tiny_pair):
+    """The negative control of the rule in policy.py: withholding the first draft because of the token
+    drawn verifies a distribution other than q, and the same test rejects it."""
+    stat, threshold, df, _ = joint_chi_square(tiny_pair, lambda v: WithholdEvenToken(2), "token")
+    assert stat > threshold, f"chi2 {stat:.1f} <= {threshold:.1f} (df {df}): the bias went unseen"
 
 
 @pytest.mark.parametrize("verifier", ["token", "block"])
 def test_greedy_with_a_policy_equals_target_greedy(verifier):
     target, draft = tiny_llama(10, vocab=16), tiny_llama(11, vocab=16, layers=1)
     baseline = generate_autoregressive(target, [1, 2, 3], max_new_tokens=30, temperature=0.0, eos_token_id=NO_EOS)
-    for policy in (EntropyStop(0.5), HeuristicSchedule(start=2), cheap_cost_aware(verifier)):
+    for policy in (EntropyStop(0.5), HeuristicSchedule(start=2), cheap_cost_aware(verifier), WithholdUnsure(3, 0.3)):
         out = fast_generate(target, draft, [1, 2, 3], max_new_tokens=30, temperature=0.0, policy=policy,
                             verifier=verifier, eos_token_id=NO_EOS)
         assert out.tokens == baseline.tokens
@@ -150,32 +188,73 @@ def test_cost_model_interpolates_and_learns():
     assert costs.target(1) == pytest.approx(0.1)
 
 
-def test_cost_aware_policy_drafts_only_when_it_pays():
+def predicting(*outputs: float) -> AcceptancePredictor:
+    """A predictor whose outputs (PREDICTOR_OUTPUTS order) are these constants for every state."""
     predictor = AcceptancePredictor()
-    with torch.no_grad():  # predicts acceptance sigmoid(5) ~ 0.99 for every state
+    with torch.no_grad():
         predictor.net[-1].weight.zero_()
-        predictor.net[-1].bias.fill_(5.0)
-    cheap = CostAwarePolicy(predictor, CostModel(0.001, {1: 0.1, 2: 0.101, 9: 0.108}))
-    assert cheap.begin_round(50) == 8 and cheap.decide(state())
-    # recent acceptance 0.5 does not pay for 0.08 s of a round's 0.1 s, acceptance 1 would: probe
-    dear = CostAwarePolicy(predictor, CostModel(0.02, {1: 0.1, 2: 0.16}), probe_every=3)
-    assert [dear.begin_round(50) for _ in range(4)] == [0, 0, 0, 8]  # the fourth round probes
-    hopeless = CostAwarePolicy(predictor, CostModel(0.5, {1: 0.1, 2: 0.2}), probe_every=3)
+        predictor.net[-1].bias.copy_(torch.logit(torch.tensor(outputs)))
+    return predictor
+
+
+def first_steps() -> list:
+    """Draft steps of one distribution (top-1 0.7) that drew different tokens."""
+    logits = torch.tensor([[0.7, 0.2, 0.1]]).log()
+    steps = [draft_step(logits, temperature=1.0, uniforms=torch.tensor([u])) for u in (0.1, 0.95)]
+    assert steps[0].tokens != steps[1].tokens and steps[0].token_prob != steps[1].token_prob
+    return steps
+
+
+def test_cost_aware_policy_drafts_only_when_it_pays():
+    """Per round: draft at all only if a sure acceptance would pay for a draft step and the larger
+    target pass; verify the first draft only if its predicted acceptance pays for the larger pass;
+    continue only if the next token's predicted survival pays for a step and the larger pass."""
+    cheap = CostAwarePolicy(predicting(0.99, 0.25, 0.99, 0.25), CostModel(0.001, {1: 0.1, 2: 0.101, 9: 0.108}))
+    assert cheap.begin_round(50) == 8 and all(cheap.propose_first(s, 1.0) for s in first_steps()) and cheap.decide(state())
+    # throughput 10 tok/s (a round of 1 token in 0.1 s): the first draft pays at acceptance > 0.6 (T(2) - T(1) = 0.06 s),
+    # a second draft at survival > 0.8 (0.02 s more for the step)
+    costs = lambda: CostModel(0.02, {1: 0.1, 2: 0.16, 3: 0.22})  # noqa: E731
+    for accept, verified in ((0.5, False), (0.65, True)):
+        policy = CostAwarePolicy(predicting(accept, 0.25, 0.99, 0.25), costs())
+        assert policy.begin_round(50) == 8
+        assert [policy.propose_first(s, 1.0) for s in first_steps()] == [verified] * 2  # the token drawn is not read
+    sure_now = CostAwarePolicy(predicting(0.99, 0.25, 0.7, 0.25), costs())
+    sure_now.begin_round(50)
+    assert not sure_now.decide(state())  # survival 0.99, next acceptance 0.7: 0.69 < 0.8
+    sure_next = CostAwarePolicy(predicting(0.99, 0.25, 0.9, 0.25), costs())
+    sure_next.begin_round(50)
+    assert sure_next.decide(state())  # 0.89 > 0.8
+    hopeless = CostAwarePolicy(predicting(0.99, 0.25, 0.99, 0.25), CostModel(0.5, {1: 0.1, 2: 0.2}))
     assert [hopeless.begin_round(50) for _ in range(20)] == [0] * 20  # even acceptance 1 would not pay
+
+
+def test_each_ablation_of_the_cost_aware_policy_changes_its_one_rule():
+    """benchmarks/policies.py's ablations: no first-draft gate; the next acceptance read as the current one's."""
+    costs = lambda: CostModel(0.02, {1: 0.1, 2: 0.16, 3: 0.22})  # noqa: E731  (as above: gate 0.6, continue 0.8)
+    for cls, verified in ((CostAwarePolicy, False), (VerifyEveryFirstDraft, True)):
+        policy = cls(predicting(0.5, 0.25, 0.99, 0.25), costs())
+        policy.begin_round(50)
+        assert policy.propose_first(first_steps()[0], 1.0) == verified
+    for cls, continued in ((CostAwarePolicy, False), (CurrentTokenAsNext, True)):
+        policy = cls(predicting(0.99, 0.25, 0.7, 0.25), costs())
+        policy.begin_round(50)
+        assert policy.decide(state()) == continued  # gain 0.99 * 0.7 < 0.8 < 0.99 * 0.99
 
 
 def test_save_and_load_round_trip(tmp_path):
     nets = AcceptancePredictor(8), ValueNetwork(8), ValueNetwork(8)
     path = tmp_path / "policy.safetensors"
-    metadata = dict(hidden=8, features=list(FEATURES), draft_step_s=0.01, target_pass_s={"1": 0.1, "2": 0.12})
+    metadata = dict(hidden=8, features=list(FEATURES), outputs=list(PREDICTOR_OUTPUTS), draft_step_s=0.01,
+                    target_pass_s={"1": 0.1, "2": 0.12})
     save_policy(path, *nets, metadata)
     predictor, value, _, _ = load_policy(path)
     x = torch.randn(5, len(FEATURES))
     assert torch.equal(predictor(x), nets[0](x)) and torch.equal(value(x), nets[1](x))
     assert default_policy(path=path).costs.target(2) == pytest.approx(0.12)
-    save_policy(path, *nets, metadata | dict(features=list(FEATURES[:-1])))  # a file of an older feature set
-    with pytest.raises(ValueError, match="retrain it"):
-        load_policy(path)
+    for older in (dict(features=list(FEATURES[:-1])), dict(outputs=list(PREDICTOR_OUTPUTS[:2]))):  # files of older versions
+        save_policy(path, *nets, metadata | older)
+        with pytest.raises(ValueError, match="retrain it"):
+            load_policy(path)
 
 
 def test_traces_label_each_drafted_token():
@@ -192,6 +271,10 @@ def test_traces_label_each_drafted_token():
     assert ((traces["accept"] >= 0) & (traces["accept"] <= 1)).all() and traces["accept"][~greedy].unique().numel() > 2
     assert (column("entropy")[greedy] > 0).all() and (column("top1")[greedy] < 1).all()
     assert (column("position") < 3).all()  # the last token of a round is followed by no decision
+    same_round = traces["round"][1:] == traces["round"][:-1]  # the next token's labels are the following row's
+    for name in ("accept", "ratio"):
+        assert torch.equal(traces[f"next_{name}"][:-1][same_round], traces[name][1:][same_round])
+    assert ((traces["next_accept"] >= 0) & (traces["next_accept"] <= 1)).all()
 
 
 def test_predictor_ignores_a_feature_constant_in_its_traces():
@@ -200,7 +283,7 @@ def test_predictor_ignores_a_feature_constant_in_its_traces():
     g = torch.Generator().manual_seed(0)
     features = torch.rand(400, len(FEATURES), generator=g)
     features[:, FEATURES.index("survival")] = 1.0
-    traces = dict(features=features, accept=torch.rand(400, generator=g), ratio=torch.rand(400, generator=g) / 4)
+    traces = dict(features=features) | {name: torch.rand(400, generator=g) for name in PREDICTOR_OUTPUTS}
     predictor = fit_predictor(traces, torch.ones(400, dtype=torch.bool), hidden=8)
     moved = features[:5].clone()
     moved[:, FEATURES.index("survival")] = 0.3
@@ -210,7 +293,7 @@ def test_predictor_ignores_a_feature_constant_in_its_traces():
 @pytest.mark.parametrize("draft", sorted(POLICY_FILES))
 def test_shipped_policy_loads_with_its_calibration(draft):
     predictor, value, policy, metadata = load_policy(POLICY_FILES[draft])
-    assert metadata["rows"] > 1000 and len(metadata["calibration"]) == 10
+    assert metadata["rows"] > 1000 and len(metadata["calibration"]) == len(metadata["next_calibration"]) == 10
     assert metadata["draft_step_s"] > 0 and metadata["target_pass_s"]["1"] > 0
     assert isinstance(default_policy("block", POLICY_FILES[draft]), CostAwarePolicy)
 

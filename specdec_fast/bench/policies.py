@@ -3,7 +3,8 @@
 On held-out prompts, at each temperature, side by side per prompt, each run right after its
 own run of the target alone: for the token-wise and the block verifier, fixed draft
 lengths, transformers' heuristic schedule, the confidence threshold, the entropy rule (AdaEDL), the learned cost-aware
-policy, and the seed's value and policy networks. Reported per method: median tokens/s
+policy with two ablations (its first-draft gate off; the next token's acceptance taken to be
+the current token's), and the seed's value and policy networks. Reported per method: median tokens/s
 (and speedup over the target alone), target calls per new token, mean accepted length.
 
 The oracle (evaluation only, never a user policy) knows which drafts the target accepts:
@@ -12,9 +13,10 @@ tokens would have drafted exactly those a (stopping before the first rejection) 
 emitted the same a + 1. Its tokens/s is modelled: a round of d drafts costs d draft steps
 plus one target pass over d + 1 tokens, at the costs measured in the run (step_costs'
 target_fit_s: the one-token pass as measured, longer passes through an affine fit).
-Every method's tokens/s is also reported modelled the same way from its own rounds
-("modelled_tps"): free of the timing noise, so policies and the oracle compare on equal
-terms (it leaves out the loop's own overhead, which the measured tokens/s include). The
+Every method's tokens/s is also reported modelled the same way from its own rounds, with
+the draft passes of first drafts a policy chose not to verify ("modelled_tps"): free of the
+timing noise, so policies and the oracle compare on equal terms (it leaves out the loop's
+own overhead, which the measured tokens/s include). The
 best fixed length is chosen in hindsight on the same prompts, by measured tokens/s.
 
 Block vs token-wise on the same drafts: in that run, every round's drafts and target
@@ -29,7 +31,7 @@ import statistics
 import torch
 
 from ..generate import fast_generate, generate_autoregressive
-from ..learned_policy import POLICY_FILES, CostModel, NetworkPolicy, default_policy, load_policy
+from ..learned_policy import POLICY_FILES, CostAwarePolicy, CostModel, NetworkPolicy, default_policy, load_policy
 from ..ops import verify
 from ..policy import ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule
 from .common import machine, markdown_table, write_results
@@ -37,15 +39,37 @@ from .e2e import step_costs
 from .efficiency import EfficiencyBenchmark, plot_speedups
 
 
+class VerifyEveryFirstDraft(CostAwarePolicy):
+    """Ablation: the learned policy without its first-draft gate."""
+
+    def propose_first(self, step, temperature: float) -> bool:
+        return True
+
+
+class CurrentTokenAsNext(CostAwarePolicy):
+    """Ablation: the learned policy with the next token's acceptance taken to be the current one's."""
+
+    def predict(self, state) -> list[float]:
+        accept, ratio, _, _ = super().predict(state)
+        return [accept, ratio, accept, ratio]
+
+
 def policy_factories(lengths: list[int], draft_kind: str) -> dict:
     """name -> (verifier -> a fresh policy); the learned ones are those shipped for ``draft_kind``."""
     _, value, policy, _ = load_policy(POLICY_FILES[draft_kind])
+
+    def ablation(cls: type, verifier: str) -> CostAwarePolicy:
+        learned = default_policy(verifier, POLICY_FILES[draft_kind])
+        return cls(learned.predictor, learned.costs, verifier=verifier, max_draft_tokens=learned.max_length)
+
     factories = {f"fixed k={k}": (lambda v, k=k: FixedDraftLength(k)) for k in lengths}
     return factories | {
         "heuristic": lambda v: HeuristicSchedule(),
         "confidence": lambda v: ConfidenceThreshold(),
         "entropy (AdaEDL)": lambda v: EntropyStop(),
         "learned cost-aware": lambda v: default_policy(v, POLICY_FILES[draft_kind]),
+        "learned, every first draft verified": lambda v: ablation(VerifyEveryFirstDraft, v),
+        "learned, next acceptance := current": lambda v: ablation(CurrentTokenAsNext, v),
         "value network": lambda v: NetworkPolicy(value),
         "policy network": lambda v: NetworkPolicy(policy),
     }
@@ -59,11 +83,12 @@ def paired_accepted(target_logits, draft_probs, draft_tokens, temperature: float
                         .num_accepted.double().mean()) for rule in ("token", "block")}
 
 
-def modelled_tps(drafted: list[int], new_tokens: int, costs: dict) -> float:
-    """tokens/s of rounds that drafted ``drafted[i]`` tokens each, at step_costs' draft step and
-    fitted target passes (linear beyond the sizes fitted, as the cost-aware policy's CostModel)."""
+def modelled_tps(drafted: list[int], new_tokens: int, costs: dict, withheld: int = 0) -> float:
+    """tokens/s of rounds that verified ``drafted[i]`` drafts each, plus the draft passes of
+    ``withheld`` first drafts not verified, at step_costs' draft step and fitted target passes
+    (linear beyond the sizes fitted, as the cost-aware policy's CostModel)."""
     model = CostModel(costs["draft_step_s"], {int(n): t for n, t in costs["target_fit_s"].items()})
-    return new_tokens / sum(d * model.draft() + model.target(d + 1) for d in drafted)
+    return new_tokens / (withheld * model.draft() + sum(d * model.draft() + model.target(d + 1) for d in drafted))
 
 
 def oracle(rounds: list[tuple[int, int]], new_tokens: int, costs: dict) -> dict:
@@ -71,7 +96,7 @@ def oracle(rounds: list[tuple[int, int]], new_tokens: int, costs: dict) -> dict:
     each round accepts, from rounds (drafted, accepted)."""
     tps = modelled_tps([a for _, a in rounds], new_tokens, costs)
     return dict(tps=tps, modelled_tps=tps, calls_per_token=len(rounds) / new_tokens,
-                accepted_length=new_tokens / len(rounds))
+                accepted_length=new_tokens / len(rounds), no_draft=sum(a == 0 for _, a in rounds) / len(rounds))
 
 
 def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, lengths: list[int],
@@ -95,8 +120,9 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
                               **settings).stats
             paired = [paired_accepted(*round_, settings["temperature"]) for round_ in kept]
             row = dict(method=name, verifier=verifier, tps=s.tokens_per_second,
-                       modelled_tps=modelled_tps([d for d, _ in rounds], s.new_tokens, costs),
-                       calls_per_token=s.rounds / s.new_tokens, accepted_length=s.mean_accepted_length)
+                       modelled_tps=modelled_tps([d for d, _ in rounds], s.new_tokens, costs, s.withheld),
+                       calls_per_token=s.rounds / s.new_tokens, accepted_length=s.mean_accepted_length,
+                       no_draft=sum(d == 0 for d, _ in rounds) / s.rounds)
             if traced:
                 row["oracle"] = oracle(rounds, s.new_tokens, costs)
                 row["same_drafts"] = {rule: 1 + statistics.mean(p[rule] for p in paired) for rule in ("token", "block")}
@@ -105,7 +131,7 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
 
     def alone(ids, settings):
         return dict(method="target alone", tps=generate_autoregressive(target, ids, **settings).stats.tokens_per_second,
-                    modelled_tps=1.0 / costs["target_fit_s"][1], calls_per_token=1.0, accepted_length=1.0)
+                    modelled_tps=1.0 / costs["target_fit_s"][1], calls_per_token=1.0, accepted_length=1.0, no_draft=1.0)
 
     methods = {"target alone": alone} | {f"{name} | {verifier}": speculative(name, make, verifier)
                                          for verifier in ("token", "block")
@@ -144,9 +170,9 @@ def summarize(runs: list[dict]) -> list[dict]:
 
 def table(data: dict) -> str:
     head = ["T", "verifier", "method", "tok/s", "speedup vs target", "modelled tok/s", "target calls / token",
-            "mean accepted length"]
+            "mean accepted length", "rounds verifying no draft"]
     rows = [[f"{s['temperature']:g}", s["verifier"], s["method"], s["tps"], s["speedup"], s["modelled_tps"],
-             s["calls_per_token"], s["accepted_length"]] for s in data["summary"]]
+             s["calls_per_token"], s["accepted_length"], s["no_draft"]] for s in data["summary"]]
     c = data["costs"]
     k = data["settings"]["lengths"][-1]
     same = markdown_table(["T", f"token-wise tokens/round (k={k})", "block tokens/round", "block / token (median over prompts)"],
