@@ -8,8 +8,9 @@ the seed's value / policy networks by fitted value iteration.
    MDPState features and the soft labels min(1, p/q) and min(R, p/q) / R, p the target's
    warped probability of the token (the exact acceptance probability, lower variance than
    the accept/reject outcome), and the same labels of the round's next drafted token.
-2. The AcceptancePredictor, fitted to the soft labels (binary cross-entropy), calibrated on every fifth prompt, not fitted on (predicted vs
-   observed acceptance by decile, of the token and of the next one).
+2. The AcceptancePredictor, fitted to the soft labels (binary cross-entropy), calibrated on
+   every fifth prompt, not fitted on (predicted vs observed acceptance by decile, of the
+   token and of the next one).
 3. ValueNetwork: the value of CONTINUING from a state, y_i = S_i a_{i+1} - lambda dt_i +
    max(0, V(state_{i+1})), S_i the product of the labels so far, iterated (fitted value
    iteration) with lambda the throughput its own stopping rule reaches on the traces;
