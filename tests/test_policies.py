@@ -205,23 +205,26 @@ def first_steps() -> list:
     return steps
 
 
+def gate_costs() -> CostModel:
+    """Throughput 10 tok/s (a round of 1 token in 0.1 s): a first draft pays at acceptance > 0.6
+    (T(2) - T(1) = 0.06 s), a second at survival x next acceptance > 0.8 (0.02 s more for the step)."""
+    return CostModel(0.02, {1: 0.1, 2: 0.16, 3: 0.22})
+
+
 def test_cost_aware_policy_drafts_only_when_it_pays():
     """Per round: draft at all only if a sure acceptance would pay for a draft step and the larger
     target pass; verify the first draft only if its predicted acceptance pays for the larger pass;
     continue only if the next token's predicted survival pays for a step and the larger pass."""
     cheap = CostAwarePolicy(predicting(0.99, 0.25, 0.99, 0.25), CostModel(0.001, {1: 0.1, 2: 0.101, 9: 0.108}))
     assert cheap.begin_round(50) == 8 and all(cheap.propose_first(s, 1.0) for s in first_steps()) and cheap.decide(state())
-    # throughput 10 tok/s (a round of 1 token in 0.1 s): the first draft pays at acceptance > 0.6 (T(2) - T(1) = 0.06 s),
-    # a second draft at survival > 0.8 (0.02 s more for the step)
-    costs = lambda: CostModel(0.02, {1: 0.1, 2: 0.16, 3: 0.22})  # noqa: E731
     for accept, verified in ((0.5, False), (0.65, True)):
-        policy = CostAwarePolicy(predicting(accept, 0.25, 0.99, 0.25), costs())
+        policy = CostAwarePolicy(predicting(accept, 0.25, 0.99, 0.25), gate_costs())
         assert policy.begin_round(50) == 8
         assert [policy.propose_first(s, 1.0) for s in first_steps()] == [verified] * 2  # the token drawn is not read
-    sure_now = CostAwarePolicy(predicting(0.99, 0.25, 0.7, 0.25), costs())
+    sure_now = CostAwarePolicy(predicting(0.99, 0.25, 0.7, 0.25), gate_costs())
     sure_now.begin_round(50)
     assert not sure_now.decide(state())  # survival 0.99, next acceptance 0.7: 0.69 < 0.8
-    sure_next = CostAwarePolicy(predicting(0.99, 0.25, 0.9, 0.25), costs())
+    sure_next = CostAwarePolicy(predicting(0.99, 0.25, 0.9, 0.25), gate_costs())
     sure_next.begin_round(50)
     assert sure_next.decide(state())  # 0.89 > 0.8
     hopeless = CostAwarePolicy(predicting(0.99, 0.25, 0.99, 0.25), CostModel(0.5, {1: 0.1, 2: 0.2}))
@@ -230,13 +233,12 @@ def test_cost_aware_policy_drafts_only_when_it_pays():
 
 def test_each_ablation_of_the_cost_aware_policy_changes_its_one_rule():
     """benchmarks/policies.py's ablations: no first-draft gate; the next acceptance read as the current one's."""
-    costs = lambda: CostModel(0.02, {1: 0.1, 2: 0.16, 3: 0.22})  # noqa: E731  (as above: gate 0.6, continue 0.8)
     for cls, verified in ((CostAwarePolicy, False), (VerifyEveryFirstDraft, True)):
-        policy = cls(predicting(0.5, 0.25, 0.99, 0.25), costs())
+        policy = cls(predicting(0.5, 0.25, 0.99, 0.25), gate_costs())
         policy.begin_round(50)
         assert policy.propose_first(first_steps()[0], 1.0) == verified
     for cls, continued in ((CostAwarePolicy, False), (CurrentTokenAsNext, True)):
-        policy = cls(predicting(0.99, 0.25, 0.7, 0.25), costs())
+        policy = cls(predicting(0.99, 0.25, 0.7, 0.25), gate_costs())
         policy.begin_round(50)
         assert policy.decide(state()) == continued  # gain 0.99 * 0.7 < 0.8 < 0.99 * 0.99
 
