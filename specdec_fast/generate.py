@@ -94,7 +94,8 @@ class GenerationStats:
         pos = " ".join(f"{a:.2f}" for a in self.per_position_acceptance)
         return (
             f"{self.new_tokens} tokens in {self.wall_s:.2f} s ({self.tokens_per_second:.1f} tok/s) | "
-            f"rounds {self.rounds}, target calls {self.target_calls}, draft calls {self.draft_calls} | "
+            f"rounds {self.rounds}, target calls {self.target_calls}, draft calls {self.draft_calls}, "
+            f"first drafts withheld {self.withheld} | "
             f"acceptance {self.acceptance_rate:.3f} ({self.accepted}/{self.drafted}), "
             f"mean accepted length {self.mean_accepted_length:.2f} | per position [{pos}] | "
             f"time: draft {self.draft_s:.2f} s, target {self.target_s:.2f} s, verify {self.verify_s:.3f} s"

@@ -12,7 +12,8 @@ the seed's value / policy networks by fitted value iteration.
    every fifth prompt, not fitted on (predicted vs observed acceptance by decile, of the
    token and of the next one).
 3. ValueNetwork: the value of CONTINUING from a state, y_i = S_i a_{i+1} - lambda dt_i +
-   max(0, V(state_{i+1})), S_i the product of the labels so far, iterated (fitted value
+   max(0, V(state_{i+1})) (no last term after a round's last decision: the traces draft no
+   further), S_i the product of the labels so far, iterated (fitted value
    iteration) with lambda the throughput its own stopping rule reaches on the traces;
    PolicyNetwork: CONTINUE iff y_i > 0, by classification.
 4. Measured costs (a draft step; target passes over 1..max_draft+1 tokens: one token as
@@ -148,28 +149,27 @@ def fit_value_networks(traces: dict, train: torch.Tensor, costs: dict, hidden: i
     position = traces["features"][:, FEATURES.index("position")].long()
     step = costs["draft_step_s"] + torch.tensor([costs["target_pass_s"][int(p) + 2] - costs["target_pass_s"][int(p) + 1]
                                                  for p in position])
-    usable = train & (nxt >= 0)
     value = ValueNetwork(hidden)
-    _standardise(value, traces["features"][usable])
+    _standardise(value, traces["features"][train])
     throughput = 1.0 / costs["target_pass_s"][1]
     for _ in range(iterations):
-        with torch.no_grad():
-            continuation = value(traces["features"]).clamp_min(0.0)
-        gain = survival * traces["accept"][nxt.clamp_min(0)] - throughput * step + continuation[nxt.clamp_min(0)]
-        target = gain[usable]
-        _fit(value, traces["features"][usable], lambda v: torch.nn.functional.mse_loss(v[:, 0], target), steps=600)
+        with torch.no_grad():  # a round's last decision drafts its last token: nothing follows it
+            continuation = torch.where(nxt >= 0, value(traces["features"]).clamp_min(0.0)[nxt.clamp_min(0)], 0.0)
+        gain = survival * traces["next_accept"] - throughput * step + continuation
+        target = gain[train]
+        _fit(value, traces["features"][train], lambda v: torch.nn.functional.mse_loss(v[:, 0], target), steps=600)
         throughput = trace_throughput(traces, train, value, costs)
     policy = PolicyNetwork(hidden)
-    _standardise(policy, traces["features"][usable])
-    decisions = (gain[usable] > 0).float()
-    _fit(policy, traces["features"][usable],
+    _standardise(policy, traces["features"][train])
+    decisions = (gain[train] > 0).float()
+    _fit(policy, traces["features"][train],
          lambda logit: torch.nn.functional.binary_cross_entropy_with_logits(logit[:, 0], decisions), steps=600)
     return value.eval(), policy.eval(), throughput
 
 
 def trace_throughput(traces: dict, rows: torch.Tensor, network, costs: dict) -> float:
     """Tokens per second the rule 'CONTINUE iff network(features) > 0' would reach on these rounds
-    (expected tokens 1 + sum of survivals up to the stop, time c d + T(d + 1))."""
+    (expected tokens 1 + sum of survivals up to the stop, time c d + T(d + 1), d tokens drafted)."""
     with torch.no_grad():
         go = network(traces["features"]) > 0
     tokens = seconds = 0.0
@@ -182,6 +182,9 @@ def trace_throughput(traces: dict, rows: torch.Tensor, network, costs: dict) -> 
             expected += survival
             if not go[i]:
                 break
+        else:  # CONTINUE at the round's last decision drafts the token after it
+            drafted += 1
+            expected += survival * float(traces["next_accept"][idx[-1]])
         tokens += expected
         seconds += drafted * costs["draft_step_s"] + costs["target_pass_s"][drafted + 1]
     return tokens / seconds
@@ -198,6 +201,7 @@ def run(out: Path, prompts: int, temperatures: list[float], max_new_tokens: int,
     measured = step_costs(target, draft, chat_prompt_ids(tokenizer, chosen[0], chat=True), max_draft + 1)
     costs = dict(draft_step_s=measured["draft_step_s"], target_pass_s=measured["target_fit_s"])
     train = traces["prompt"] % 5 != 4
+    torch.manual_seed(0)  # the networks' initial weights: the same traces give the same artifact
     predictor = fit_predictor(traces, train, hidden)
     value, policy, throughput = fit_value_networks(traces, train, costs, hidden)
     metadata = dict(hidden=hidden, features=list(FEATURES), outputs=list(PREDICTOR_OUTPUTS), draft_step_s=costs["draft_step_s"],

@@ -47,7 +47,7 @@ def test_modelled_tokens_per_second_and_the_oracle():
     assert modelled_tps([0, 2], 4, costs, withheld=1) == pytest.approx(4 / (0.01 + 0.10 + 0.02 + 0.12))  # a draft pass spent
     # rounds (drafted, accepted): the oracle drafts exactly the accepted tokens and emits the same ones
     out = oracle([(2, 0), (2, 2)], 4, costs)
-    assert out["tps"] == out["modelled_tps"] == pytest.approx(4 / (0.10 + 0.02 + 0.12))
+    assert out["tps"] is None and out["modelled_tps"] == pytest.approx(4 / (0.10 + 0.02 + 0.12))
     assert out["calls_per_token"] == 0.5 and out["accepted_length"] == 2.0 and out["no_draft"] == 0.5
 
 
@@ -89,6 +89,32 @@ def test_efficiency_benchmark_runs_side_by_side_and_compares():
     spec = summary[1]
     assert spec["tps"] == pytest.approx(3.0 * 4)  # median of 6, 15, 12
     assert spec["acceptance"] == statistics.median(r["acceptance"] for r in runs if r["method"] == "spec" and r["temperature"] == 0)
+
+
+def test_modelled_speedups_pair_like_measured_ones_and_skip_methods_without_a_measurement():
+    runs = [dict(pair="0/x", temperature=0.0, method="base", verifier="-", tps=10.0, modelled_tps=20.0),
+            dict(pair="0/x", temperature=0.0, method="x", verifier="token", tps=12.0, modelled_tps=30.0),
+            dict(pair="0/x", temperature=0.0, method="oracle", verifier="token", tps=None, modelled_tps=50.0)]
+    base, x, oracle_row = EfficiencyBenchmark.compare_with_baseline(runs, "base")
+    assert base["speedup"] == base["modelled_speedup"] == 1.0
+    assert x["speedup"] == pytest.approx(1.2) and x["modelled_speedup"] == pytest.approx(1.5)
+    assert "speedup" not in oracle_row and "tps" not in oracle_row and oracle_row["modelled_speedup"] == pytest.approx(2.5)
+
+
+def test_best_fixed_length_is_chosen_by_modelled_tokens_per_second():
+    from specdec_fast.bench.policies import summarize
+
+    def paired(method, verifier, tps, modelled):  # a run of the target alone, then one of the method
+        labels = dict(pair=f"0/{method} | {verifier}", temperature=0.0)
+        return [dict(labels, method="target alone", verifier="-", tps=10.0, modelled_tps=10.0),
+                dict(labels, method=method, verifier=verifier, tps=tps, modelled_tps=modelled)]
+
+    runs = []
+    for verifier in ("token", "block"):
+        runs += paired("fixed k=1", verifier, 13.0, 11.0) + paired("fixed k=2", verifier, 12.0, 12.0)
+    best = [s for s in summarize(runs) if s["method"].startswith("best fixed")]
+    assert [s["method"] for s in best] == ["best fixed (fixed k=2)"] * 2
+    assert best[0]["modelled_speedup"] == pytest.approx(1.2) and best[0]["speedup"] == pytest.approx(1.2)
 
 
 def test_batch_crossover_is_the_smallest_batch_where_speculation_loses():

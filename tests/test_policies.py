@@ -15,7 +15,7 @@ from specdec_fast.monitoring import AdaptiveMonitoringSystem
 from specdec_fast.ops import draft_step
 from specdec_fast.policy import (FEATURES, ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule,
                                  MDPState, SpeculativePolicy)
-from specdec_fast.train_policy import collect_traces, fit_predictor
+from specdec_fast.train_policy import collect_traces, fit_predictor, fit_value_networks, trace_throughput
 
 from conftest import tiny_llama
 from distribution import chi_square, counts
@@ -290,6 +290,63 @@ def test_predictor_ignores_a_feature_constant_in_its_traces():
     moved = features[:5].clone()
     moved[:, FEATURES.index("survival")] = 0.3
     assert torch.equal(predictor(moved), predictor(features[:5]))
+
+
+def test_value_iteration_learns_when_one_more_draft_pays():
+    """Synthetic traces of rounds of 3 decisions where the next token is accepted iff the current
+    one's "top1" > 0.5 (and all so far were): continuing pays exactly there (gain 1 token against
+    lambda x 0.02 s, lambda ~ 10-20 tokens/s). The value and policy networks must learn that rule
+    on held-out rounds, the last decision of a round included (nothing follows it), and it must
+    beat always stopping after the first token on the same traces."""
+    g = torch.Generator().manual_seed(0)
+    rounds, length = 300, 3
+    features = torch.rand(rounds * length, len(FEATURES), generator=g)
+    good = features[:, FEATURES.index("top1")] > 0.5  # the next token will be accepted
+    accept, survival = torch.ones(rounds * length), torch.ones(rounds * length)  # survival: all so far accepted
+    for row in range(rounds * length):
+        if row % length:
+            accept[row] = float(good[row - 1])
+            survival[row] = survival[row - 1] * accept[row]
+    features[:, FEATURES.index("position")] = torch.arange(length).repeat(rounds) + 1.0
+    features[:, FEATURES.index("survival")] = survival
+    rows = torch.arange(rounds).repeat_interleave(length)
+    traces = dict(features=features, accept=accept, next_accept=good.float(), ratio=accept / 4, next_ratio=good / 4,
+                  round=rows, prompt=rows % 5)
+    costs = dict(draft_step_s=0.01, target_pass_s={n: 0.1 + 0.01 * (n - 1) for n in range(1, 6)})
+    train = traces["prompt"] != 4
+    value, policy, throughput = fit_value_networks(traces, train, costs, hidden=16)
+    for position in range(1, length + 1):
+        held = ~train & (features[:, FEATURES.index("position")] == position)
+        pays = good[held] & (survival[held] > 0)
+        assert 0.1 < pays.float().mean() < 0.9
+        with torch.no_grad():
+            assert ((value(features[held]) > 0) == pays).float().mean() > 0.9
+            assert ((policy(features[held]) > 0) == pays).float().mean() > 0.9
+
+    class StopAfterOne(torch.nn.Module):
+        def forward(self, x):
+            return -torch.ones(len(x))
+
+    assert throughput > 1.1 * trace_throughput(traces, train, StopAfterOne(), costs)
+
+
+def test_trace_throughput_counts_the_token_drafted_after_the_last_decision():
+    class Constant(torch.nn.Module):
+        def __init__(self, value: float):
+            super().__init__()
+            self.value = value
+
+        def forward(self, x):
+            return torch.full((len(x),), self.value)
+
+    # Round 0: two decisions (tokens 1, 2 drafted; accepted w.p. 1 and 0.5); round 1: one decision.
+    traces = dict(features=torch.zeros(3, len(FEATURES)), accept=torch.tensor([1.0, 0.5, 0.8]),
+                  next_accept=torch.tensor([0.5, 0.25, 0.4]), round=torch.tensor([0, 0, 1]))
+    costs = dict(draft_step_s=0.01, target_pass_s={n: 0.1 + 0.01 * n for n in range(1, 6)})
+    rows = torch.ones(3, dtype=torch.bool)
+    always = (2.625 + 2.12) / (3 * 0.01 + 0.14 + 2 * 0.01 + 0.13)  # 1 + 1 + 0.5 + 0.5 x 0.25; 1 + 0.8 + 0.8 x 0.4
+    assert trace_throughput(traces, rows, Constant(1.0), costs) == pytest.approx(always)
+    assert trace_throughput(traces, rows, Constant(-1.0), costs) == pytest.approx((2 + 1.8) / (2 * (0.01 + 0.12)))
 
 
 @pytest.mark.parametrize("draft", sorted(POLICY_FILES))

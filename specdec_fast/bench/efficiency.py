@@ -24,6 +24,9 @@ from .common import RESULTS
 # at least {"tps": tokens per second}; "method" and "verifier" entries override the row's labels.
 Method = Callable[[list[int], dict], dict]
 
+# metric -> the name of its median ratio to the paired baseline run
+RATIOS = {"tps": "speedup", "modelled_tps": "modelled_speedup"}
+
 
 def paired_order(methods: dict, baseline: str) -> list[tuple[str, str]]:
     """The run order (pair, method label): every method other than ``baseline`` right after a
@@ -76,9 +79,10 @@ class EfficiencyBenchmark:
     @staticmethod
     def compare_with_baseline(runs: list[dict], baseline: str) -> list[dict]:
         """Per (temperature, verifier, method), in order of appearance: the median over runs of
-        every numeric metric, and ``speedup``, the median over runs of tps / the tps of the
-        baseline run with the same ``pair`` label and temperature."""
-        base = {(r["pair"], r["temperature"]): r["tps"] for r in runs if r["method"] == baseline}
+        every numeric metric, and for each metric of ``RATIOS`` a run reports (not None), the median
+        over runs of its ratio to the baseline run with the same ``pair`` label and temperature
+        (``speedup`` from tps, ``modelled_speedup`` from modelled_tps)."""
+        base = {(r["pair"], r["temperature"]): r for r in runs if r["method"] == baseline}
         groups: dict[tuple, list[dict]] = {}
         for r in runs:
             groups.setdefault((r["temperature"], r["verifier"], r["method"]), []).append(r)
@@ -88,13 +92,17 @@ class EfficiencyBenchmark:
                        if isinstance(value, (int, float)) and key not in ("prompt", "temperature")]
             entry = dict(temperature=temperature, verifier=verifier, method=method)
             entry |= {key: statistics.median(r[key] for r in rows) for key in numeric}
-            entry["speedup"] = statistics.median(r["tps"] / base[r["pair"], r["temperature"]] for r in rows)
+            for key, ratio in RATIOS.items():
+                values = [r[key] / base[r["pair"], r["temperature"]][key] for r in rows if r.get(key) is not None]
+                if values:
+                    entry[ratio] = statistics.median(values)
             summary.append(entry)
         return summary
 
 
-def plot_speedups(summary: list[dict], name: str, title: str) -> None:
-    """Bars of each method's median speedup over the baseline, one panel per temperature, as <name>.png."""
+def plot_speedups(summary: list[dict], name: str, title: str, ratio: str = "speedup") -> None:
+    """Bars of each method's median ``ratio`` (a value of ``RATIOS``) over the baseline, one panel
+    per temperature, as <name>.png."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -104,12 +112,13 @@ def plot_speedups(summary: list[dict], name: str, title: str) -> None:
     fig, axes = plt.subplots(1, len(temperatures), figsize=(7 * len(temperatures), 5), squeeze=False)
     colors = {"-": "tab:gray", "token": "tab:blue", "block": "tab:orange"}
     for ax, temperature in zip(axes[0], temperatures):
-        rows = [s for s in summary if s["temperature"] == temperature]
+        rows = [s for s in summary if s["temperature"] == temperature and ratio in s]
         ax.barh([s["method"] if s["verifier"] == "-" else f"{s['method']} ({s['verifier']})" for s in rows],
-                [s["speedup"] for s in rows], color=[colors.get(s["verifier"], "tab:green") for s in rows])
+                [s[ratio] for s in rows], color=[colors.get(s["verifier"], "tab:green") for s in rows])
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.invert_yaxis()
-        ax.set(xlabel="speedup over the baseline (median over prompts)", title=f"{title}, T = {temperature:g}")
+        ax.set(xlabel=f"{ratio.replace('_', ' ')} over the baseline (median over prompts)",
+               title=f"{title}, T = {temperature:g}")
     fig.tight_layout()
     fig.savefig(RESULTS / f"{name}.png", dpi=100)
     plt.close(fig)

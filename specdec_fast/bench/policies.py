@@ -16,8 +16,9 @@ target_fit_s: the one-token pass as measured, longer passes through an affine fi
 Every method's tokens/s is also reported modelled the same way from its own rounds, with
 the draft passes of first drafts a policy chose not to verify ("modelled_tps"): free of the
 timing noise, so policies and the oracle compare on equal terms (it leaves out the loop's
-own overhead, which the measured tokens/s include). The
-best fixed length is chosen in hindsight on the same prompts, by measured tokens/s.
+own overhead, which the measured tokens/s include), and its ratio to the target alone's
+modelled one-token pass ("modelled speedup"); the oracle has no measured tokens/s. The
+best fixed length is chosen in hindsight on the same prompts, by modelled tokens/s.
 
 Block vs token-wise on the same drafts: in that run, every round's drafts and target
 logits are verified again by both rules with 64 fresh uniform draws each, so the two
@@ -92,11 +93,11 @@ def modelled_tps(drafted: list[int], new_tokens: int, costs: dict, withheld: int
 
 
 def oracle(rounds: list[tuple[int, int]], new_tokens: int, costs: dict) -> dict:
-    """tokens/s (modelled), target calls per token and accepted length of drafting exactly the tokens
-    each round accepts, from rounds (drafted, accepted)."""
-    tps = modelled_tps([a for _, a in rounds], new_tokens, costs)
-    return dict(tps=tps, modelled_tps=tps, calls_per_token=len(rounds) / new_tokens,
-                accepted_length=new_tokens / len(rounds), no_draft=sum(a == 0 for _, a in rounds) / len(rounds))
+    """tokens/s (modelled only: tps is None), target calls per token and accepted length of drafting
+    exactly the tokens each round accepts, from rounds (drafted, accepted)."""
+    return dict(tps=None, modelled_tps=modelled_tps([a for _, a in rounds], new_tokens, costs),
+                calls_per_token=len(rounds) / new_tokens, accepted_length=new_tokens / len(rounds),
+                no_draft=sum(a == 0 for _, a in rounds) / len(rounds))
 
 
 def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, lengths: list[int],
@@ -151,28 +152,30 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
                                                               temperatures=temperatures, lengths=lengths, draft=draft_kind),
                 summary=summary, same_drafts=paired, runs=runs, same_drafts_runs=same_drafts)
     write_results(out_name, data, table(data))
-    plot_speedups(summary, out_name, "draft-length policies")
+    plot_speedups(summary, out_name, "draft-length policies", ratio="modelled_speedup")
     return data
 
 
 def summarize(runs: list[dict]) -> list[dict]:
     """Medians over prompts per (temperature, verifier, method) (speedups: medians of per-prompt
-    ratios to the target alone), plus the best fixed length in hindsight per (temperature, verifier)."""
+    ratios to the target alone), plus the best fixed length in hindsight (by modelled tokens/s) per
+    (temperature, verifier)."""
     summary = EfficiencyBenchmark.compare_with_baseline(runs, "target alone")
     for temperature in dict.fromkeys(s["temperature"] for s in summary):
         for verifier in ("token", "block"):
             fixed = [s for s in summary if s["temperature"] == temperature and s["verifier"] == verifier
                      and s["method"].startswith("fixed")]
-            best = max(fixed, key=lambda s: s["tps"])
+            best = max(fixed, key=lambda s: s["modelled_tps"])
             summary.append(dict(best, method=f"best fixed ({best['method']})"))
     return sorted(summary, key=lambda s: s["temperature"])
 
 
 def table(data: dict) -> str:
-    head = ["T", "verifier", "method", "tok/s", "speedup vs target", "modelled tok/s", "target calls / token",
-            "mean accepted length", "rounds verifying no draft"]
-    rows = [[f"{s['temperature']:g}", s["verifier"], s["method"], s["tps"], s["speedup"], s["modelled_tps"],
-             s["calls_per_token"], s["accepted_length"], s["no_draft"]] for s in data["summary"]]
+    head = ["T", "verifier", "method", "tok/s", "speedup vs target", "modelled tok/s", "modelled speedup",
+            "target calls / token", "mean accepted length", "rounds verifying no draft"]
+    rows = [[f"{s['temperature']:g}", s["verifier"], s["method"], s.get("tps", "-"), s.get("speedup", "-"),
+             s["modelled_tps"], s["modelled_speedup"], s["calls_per_token"], s["accepted_length"], s["no_draft"]]
+            for s in data["summary"]]
     c = data["costs"]
     k = data["settings"]["lengths"][-1]
     same = markdown_table(["T", f"token-wise tokens/round (k={k})", "block tokens/round", "block / token (median over prompts)"],
