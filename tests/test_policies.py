@@ -292,6 +292,17 @@ def test_predictor_ignores_a_feature_constant_in_its_traces():
     assert torch.equal(predictor(moved), predictor(features[:5]))
 
 
+class Constant(torch.nn.Module):
+    """A stand-in network: the same output for every state (> 0: always CONTINUE)."""
+
+    def __init__(self, value: float):
+        super().__init__()
+        self.value = value
+
+    def forward(self, x):
+        return torch.full((len(x),), self.value)
+
+
 def test_value_iteration_learns_when_one_more_draft_pays():
     """Synthetic traces of rounds of 3 decisions where the next token is accepted iff the current
     one's "top1" > 0.5 (and all so far were): continuing pays exactly there (gain 1 token against
@@ -322,23 +333,10 @@ def test_value_iteration_learns_when_one_more_draft_pays():
         with torch.no_grad():
             assert ((value(features[held]) > 0) == pays).float().mean() > 0.9
             assert ((policy(features[held]) > 0) == pays).float().mean() > 0.9
-
-    class StopAfterOne(torch.nn.Module):
-        def forward(self, x):
-            return -torch.ones(len(x))
-
-    assert throughput > 1.1 * trace_throughput(traces, train, StopAfterOne(), costs)
+    assert throughput > 1.1 * trace_throughput(traces, train, Constant(-1.0), costs)  # stop after one token
 
 
 def test_trace_throughput_counts_the_token_drafted_after_the_last_decision():
-    class Constant(torch.nn.Module):
-        def __init__(self, value: float):
-            super().__init__()
-            self.value = value
-
-        def forward(self, x):
-            return torch.full((len(x),), self.value)
-
     # Round 0: two decisions (tokens 1, 2 drafted; accepted w.p. 1 and 0.5); round 1: one decision.
     traces = dict(features=torch.zeros(3, len(FEATURES)), accept=torch.tensor([1.0, 0.5, 0.8]),
                   next_accept=torch.tensor([0.5, 0.25, 0.4]), round=torch.tensor([0, 0, 1]))
