@@ -116,3 +116,45 @@ def failing_positions(pair: MarkovPair, seq: Tensor) -> list[str]:
             if stat > threshold:
                 failures.append(f"positions {i - 1},{i}: chi2 {stat:.1f} > {threshold:.1f} (df {df})")
     return failures
+
+
+class BigramLM:
+    """A model outside transformers that implements the CachedLM protocol: logits = table[last token].
+
+    Cheap enough for losslessness tests of thousands of fast_generate runs whose subject is
+    not the model (e.g. a draft-length policy)."""
+
+    def __init__(self, table: Tensor):
+        self.table, self.vocab_size, self.max_length = table, table.shape[0], None
+        self.tokens: list[int] = []
+
+    @property
+    def cache_length(self) -> int:
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
+        self.tokens += tokens.tolist()
+        return self.table[torch.tensor(self.tokens[-num_logits:])]
+
+    def crop(self, length: int) -> None:
+        del self.tokens[length:]
+
+
+def bigram_pair(vocab: int, seed: int) -> tuple[BigramLM, BigramLM]:
+    """(target, draft): random bigram tables, the draft's related to the target's but different."""
+    g = torch.Generator().manual_seed(seed)
+    target = 2.0 * torch.randn(vocab, vocab, generator=g)
+    return BigramLM(target), BigramLM(target + 1.5 * torch.randn(vocab, vocab, generator=g))
+
+
+def bigram_joint(lm: BigramLM, last_token: int, n_tokens: int) -> Tensor:
+    """P(the next n_tokens = z) at temperature 1 after ``last_token``, for every z: [V ** n_tokens],
+    z flattened as ((z_0 V + z_1) V + z_2) ..."""
+    p = torch.softmax(lm.table.double(), -1)
+    joint = p[last_token][None]  # [prefixes, last token]
+    for _ in range(n_tokens - 1):
+        joint = (joint[:, :, None] * p[None]).reshape(-1, lm.vocab_size)
+    return joint.flatten()

@@ -12,6 +12,7 @@ from specdec_fast import HFCachedLM, SpeculativeDecoder, fast_generate, generate
 
 from conftest import tiny_llama
 from distribution import chi_square, counts
+from markov import BigramLM
 
 PROMPT = [3, 1, 4, 1]
 NO_EOS = ()
@@ -123,28 +124,6 @@ def test_stops_at_eos(tiny_pair):
     eos = free[5]
     out = fast_generate(target, draft, PROMPT, max_new_tokens=40, temperature=0.0, eos_token_id=eos).tokens
     assert out == free[: free.index(eos) + 1]
-
-
-class BigramLM:
-    """A model outside transformers that implements the CachedLM protocol: logits = table[last token]."""
-
-    def __init__(self, table: torch.Tensor):
-        self.table, self.vocab_size, self.max_length = table, table.shape[0], None
-        self.tokens: list[int] = []
-
-    @property
-    def cache_length(self) -> int:
-        return len(self.tokens)
-
-    def reset(self) -> None:
-        self.tokens = []
-
-    def extend(self, tokens: torch.Tensor, num_logits: int) -> torch.Tensor:
-        self.tokens += tokens.tolist()
-        return self.table[torch.tensor(self.tokens[-num_logits:])]
-
-    def crop(self, length: int) -> None:
-        del self.tokens[length:]
 
 
 def test_cached_lm_protocol_exact_distribution():
