@@ -18,7 +18,7 @@ from specdec_fast.policy import (FEATURES, ConfidenceThreshold, EntropyStop, Fix
 from specdec_fast.train_policy import collect_traces, fit_predictor, fit_value_networks, trace_throughput
 
 from conftest import tiny_llama
-from distribution import chi_square, counts
+from distribution import chi_square, sequence_counts
 from markov import bigram_joint, bigram_pair
 from test_bench import CharTokenizer
 from test_generate import NO_EOS, PROMPT
@@ -89,8 +89,7 @@ def joint_chi_square(policy, verifier: str) -> tuple[float, float, int, list]:
         seqs.append(out.tokens)
         runs.append(out.stats)
     seqs = torch.tensor(seqs)
-    cells = (seqs[:, 0] * 8 + seqs[:, 1]) * 8 + seqs[:, 2]
-    return (*chi_square(counts(cells, 512), bigram_joint(target, PROMPT[-1], 3)), runs)
+    return (*chi_square(sequence_counts(seqs, 8), bigram_joint(target, PROMPT[-1], 3)), runs)
 
 
 @pytest.mark.parametrize("name,verifier", CASES)
