@@ -121,6 +121,7 @@ def _train_draft(args) -> int:
     if args.init and args.kind != "feature":
         raise SystemExit("--init starts a feature draft from a feature draft file: use it with --kind feature")
     target, tokenizer = load_smollm2()
+    collector = target if args.collect_dtype == "float32" else load_smollm2(getattr(torch, args.collect_dtype))[0]
     work = Path(args.work) if args.work else cache_root() / "distill"
     work.mkdir(parents=True, exist_ok=True)
     out = Path(args.out) if args.out else DATA / (TOKEN_DRAFT_FILE if args.kind == "token" else FEATURE_DRAFT_FILE)
@@ -131,19 +132,19 @@ def _train_draft(args) -> int:
     if len(counts) not in (1, len(args.prompt_set)):
         raise SystemExit(f"--prompts takes one count, or one per prompt set ({len(args.prompt_set)}), got {len(counts)}")
     prompts = {
-        name: distill.collect_generations(target, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens,
+        name: distill.collect_generations(collector, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens,
                                           responses=args.responses, num_prompts=count, prompt_set=name)
         for name, count in zip(args.prompt_set, counts * len(args.prompt_set) if len(counts) == 1 else counts)
     }
     if args.kind == "token":
-        distill.collect_corpus(target, tokenizer, work, chunks=corpus_chunks)
+        distill.collect_corpus(collector, tokenizer, work, chunks=corpus_chunks)
         torch.manual_seed(0)
         info = distill.train(target, work, out, args.layers, args.vocab, fit)
         pair = target, load_small_draft(target, out)
     else:
-        distill.collect_features(target, work)
+        distill.collect_features(collector, work)
         if corpus_chunks:
-            distill.collect_corpus(target, tokenizer, work, distill.CORPORA, corpus_chunks, distill.FEATURE_CHUNK, features=True)
+            distill.collect_corpus(collector, tokenizer, work, distill.CORPORA, corpus_chunks, distill.FEATURE_CHUNK, features=True)
         torch.manual_seed(0)
         init = Path(args.init) if args.init else None
         info = distill.train_feature(target, work, out, args.vocab, fit, init, command)
@@ -280,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--prompt-set", nargs="+", choices=["templates", "corpus"], default=["templates"],
                        help="training prompts: the templated ones (1,616) and/or ones built from excerpts of the offline corpora (1,600)")
     train.add_argument("--gen-tokens", type=int, default=128)
+    train.add_argument("--collect-dtype", choices=["float32", "bfloat16"], default="float32",
+                       help="the target's dtype while collecting responses, features and top-k labels; bfloat16 is "
+                            "1.7-3x faster on CPUs with AMX or AVX512-BF16 (training and evaluation stay float32)")
     train.add_argument("--corpus-chunks", type=int, default=None,
                        help="chunks of offline text the target reads teacher-forced: 128 tokens of Shakespeare and the "
                             "KJV Bible for a token draft (default 384), 256 tokens of those plus Python's standard library "

@@ -80,6 +80,26 @@ def test_generation_groups_cover_each_missing_shard_once(tmp_path):
     assert all(greedy == (r == 0 and s % 4 == 0) for greedy, group in groups for r, s in group)
 
 
+def test_inverse_cdf_sampling_in_greedy_generate_samples_the_target():
+    """collect_generations' T = 1 sampling (greedy ``generate`` with InverseCdfSampling): the
+    first two tokens of 6,000 batched responses follow the model's exact joint (chi-square), and
+    the logits ``generate`` returns (the stored labels) are the model's raw ones, not the processed."""
+    from specdec_fast.distill import InverseCdfSampling
+
+    model = tiny_llama(5)
+    vocab, runs = model.config.vocab_size, 6000
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([PROMPT] * runs), attention_mask=torch.ones(runs, len(PROMPT), dtype=torch.int64),
+                             max_new_tokens=2, do_sample=False, logits_processor=[InverseCdfSampling()], pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+        raw = model(torch.tensor([PROMPT])).logits[0, -1]
+    torch.testing.assert_close(out.logits[0], raw.expand(runs, -1))
+    stat, threshold, _ = chi_square(sequence_counts(out.sequences[:, len(PROMPT):], vocab),
+                                    exact_joint(model, PROMPT, 2, 1.0, 0, 1.0))
+    assert stat < threshold, (stat, threshold)
+
+
 def test_corpus_prompts_are_excerpts_in_task_templates(monkeypatch, tmp_path):
     """corpus_prompts: per_source prompts of each corpus, interleaved, each one of its kind's task
     templates around an excerpt; their responses are stored under their own file prefix."""
