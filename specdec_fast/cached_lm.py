@@ -46,6 +46,12 @@ def is_transformers_lm(model) -> bool:
     return hasattr(model, "config") and hasattr(model, "get_output_embeddings")
 
 
+def cache_argument(model: torch.nn.Module) -> str:
+    """The name of a transformers model's cache argument: transformers renamed
+    ``past_key_values`` to ``cache`` (5.2x); accept either."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class TransformersLM:
     """What both cache adapters read off a transformers causal LM: the model (in eval mode),
     ``vocab_size``, ``max_length``, ``device``, and the name of its cache argument."""
@@ -55,9 +61,7 @@ class TransformersLM:
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device
-        # transformers renamed `past_key_values` to `cache` (5.2x); accept either.
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._cache_arg = cache_argument(model)
 
 
 class HFCachedLM(TransformersLM):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .cached_lm import HFCachedLM, TransformersLM
+from .cached_lm import HFCachedLM, TransformersLM, cache_argument
 from .drafts import build_small_draft, load_draft_weights, read_draft_file, save_draft_weights, shipped_file
 
 FEATURE_DRAFT_FILE = "smollm2_feature_draft.safetensors"
@@ -51,8 +51,47 @@ class FeatureDraft(nn.Module):
     def features(self, ids: Tensor, prev: Tensor, attention_mask: Tensor | None = None, **cache_kwargs) -> Tensor:
         """ids [B, L] int64, prev [B, L, d] (the target's feature of each previous position)
         -> predicted features [B, L, d]. ``cache_kwargs`` go to the transformers model (its cache)."""
-        x = self.fc(torch.cat([self.lm.model.embed_tokens(ids), prev.to(self.lm.model.embed_tokens.weight.dtype)], -1))
-        return self.lm.model(inputs_embeds=x, attention_mask=attention_mask, **cache_kwargs).last_hidden_state
+        return self.lm.model(inputs_embeds=self._inputs(ids, prev), attention_mask=attention_mask, **cache_kwargs).last_hidden_state
+
+    def _inputs(self, ids: Tensor, prev: Tensor) -> Tensor:
+        return self.fc(torch.cat([self.lm.model.embed_tokens(ids), prev.to(self.lm.model.embed_tokens.weight.dtype)], -1))
+
+    def unrolled_features(self, ids: Tensor, prev: Tensor, steps: int, attention_mask: Tensor | None = None) -> list[Tensor]:
+        """The features of ``steps`` consecutive drafting steps at every position, each as the
+        decoding loop computes it (for training). ids [B, L] int64 (right-padded), prev [B, L, d]
+        the target's features of the previous positions, attention_mask [B, L] (1 = token).
+        Returns [f_1, ..., f_steps], each [B, L, d]: f_1 is :meth:`features`; f_j at position t
+        reads f_{j-1} at t - 1 and, like step j of a round whose first draft position is
+        t - j + 1, attends to step-1 positions <= t - j + 1 (inputs from true features) and to
+        step i's position t - j + i for 1 < i <= j (inputs from its own features)."""
+        from transformers import DynamicCache
+
+        B, L = ids.shape
+        keys = torch.ones(B, L, dtype=torch.bool, device=ids.device) if attention_mask is None else attention_mask.bool()
+        mask = unrolled_mask(L, steps, ids.device) & keys.repeat(1, steps)[:, None, :]
+        mask |= torch.eye(steps * L, dtype=torch.bool, device=ids.device)  # no empty rows at padding
+        positions = torch.arange(L, device=ids.device)[None]
+        cache = DynamicCache(config=self.lm.config)  # step j's queries read the keys of steps 1..j
+        out = []
+        for j in range(steps):
+            shifted = prev if j == 0 else torch.cat([torch.zeros_like(prev[:, :1]), out[-1][:, :-1]], 1)
+            rows = mask[:, None, j * L : (j + 1) * L, : (j + 1) * L]
+            out.append(self.lm.model(inputs_embeds=self._inputs(ids, shifted), attention_mask=rows, position_ids=positions,
+                                     use_cache=True, **{cache_argument(self.lm.model): cache}).last_hidden_state)
+        return out
+
+
+def unrolled_mask(length: int, steps: int, device=None) -> Tensor:
+    """[steps L, steps L] bool: query (step i, position t) may attend to key (step i', position s)
+    iff i' = 1 and s <= t - i + 1, or 1 < i' <= i and s = t - (i - i') (see unrolled_features)."""
+    t = torch.arange(length, device=device)
+    rows = []
+    for i in range(1, steps + 1):
+        row = [t[None, :] <= t[:, None] - i + 1]
+        row += [t[None, :] == t[:, None] - (i - k) if k <= i else torch.zeros(length, length, dtype=torch.bool, device=device)
+                for k in range(2, steps + 1)]
+        rows.append(torch.cat(row, 1))
+    return torch.cat(rows, 0)
 
 
 class FeatureTargetLM(HFCachedLM):

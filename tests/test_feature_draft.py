@@ -82,6 +82,41 @@ def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair):
     torch.testing.assert_close(incremental, scratch, rtol=1e-4, atol=1e-4)
 
 
+def _loop_step_features(draft, ids: torch.Tensor, prev: torch.Tensor, first: int, steps: int) -> list[torch.Tensor]:
+    """Features of draft steps 1..steps of a round whose first drafted position is ``first``,
+    computed as the loop does: a cache of true-feature positions, then one position at a time
+    from the draft's own last feature. ids [L], prev [L, d]."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=draft.lm.config)
+    f = draft.features(ids[None, : first + 1], prev[None, : first + 1], cache=cache, use_cache=True)[0, -1]
+    out = [f]
+    for t in range(first + 1, first + steps):
+        f = draft.features(ids[None, t : t + 1], f[None, None], cache=cache, use_cache=True)[0, -1]
+        out.append(f)
+    return out
+
+
+def test_unrolled_features_equal_the_loops_steps():
+    """unrolled_features (one masked pass per step, right-padded batch) gives at every position
+    what the loop computes for step j there: true features in the cache, own features after."""
+    target = tiny_llama(7, vocab=16, layers=3)
+    draft = feature_draft(target)
+    d, lengths = target.config.hidden_size, (11, 8)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 16, (2, 11), generator=g)
+    prev = torch.randn(2, 11, d, generator=g)
+    mask = torch.tensor([[1] * n + [0] * (11 - n) for n in lengths])
+    with torch.no_grad():
+        steps = draft.unrolled_features(ids, prev, 3, attention_mask=mask)
+        for b, n in enumerate(lengths):
+            for first in range(n - 2):
+                for j, f in enumerate(_loop_step_features(draft, ids[b, :n], prev[b, :n], first, 3)):
+                    torch.testing.assert_close(steps[j][b, first + j], f, rtol=1e-4, atol=1e-4)
+        real = mask.bool()
+        torch.testing.assert_close(steps[0][real], draft.features(ids, prev, attention_mask=mask)[real], rtol=1e-4, atol=1e-4)
+
+
 def test_feature_target_logits_equal_plain_adapter(tiny_pair):
     target, _ = tiny_pair
     t, _ = feature_pair(target, feature_draft(target))
