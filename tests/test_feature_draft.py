@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec_fast import HFCachedLM, fast_generate
+from specdec_fast.cached_lm import cache_argument
 from specdec_fast.feature_draft import FeatureDraft, feature_pair, load_feature_draft, save_feature_draft
 from specdec_fast.linear import use_int8_weights
 
@@ -88,11 +89,11 @@ def _loop_step_features(draft, ids: torch.Tensor, prev: torch.Tensor, first: int
     from the draft's own last feature. ids [L], prev [L, d]."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=draft.lm.config)
-    f = draft.features(ids[None, : first + 1], prev[None, : first + 1], cache=cache, use_cache=True)[0, -1]
+    cache = {cache_argument(draft.lm.model): DynamicCache(config=draft.lm.config), "use_cache": True}
+    f = draft.features(ids[None, : first + 1], prev[None, : first + 1], **cache)[0, -1]
     out = [f]
     for t in range(first + 1, first + steps):
-        f = draft.features(ids[None, t : t + 1], f[None, None], cache=cache, use_cache=True)[0, -1]
+        f = draft.features(ids[None, t : t + 1], f[None, None], **cache)[0, -1]
         out.append(f)
     return out
 
