@@ -55,6 +55,29 @@ class InverseCdfSampling:
         return torch.full_like(scores, -math.inf).scatter_(1, token[:, None], 0.0)
 
 
+class TopKLabels:
+    """A transformers logits processor that keeps each step's labels (:func:`_topk` of the logits
+    it is given) and passes the logits on unchanged. It replaces ``generate(output_logits=True)``,
+    which holds every step's [B, V] logits to the end (96 x 128 x 49,152 fp32 logits are 2.4 GB,
+    and the top-k over them took three times that). Put it first in ``logits_processor``: it then
+    sees the model's raw logits (``generate`` adds none of its own for greedy decoding without
+    penalties)."""
+
+    def __init__(self):
+        self.ids: list[torch.Tensor] = []
+        self.logp: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        ids, logp = _topk(scores)
+        self.ids.append(ids)
+        self.logp.append(logp)
+        return scores
+
+    def labels(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k ids [B, T, K] int32 and log-probabilities [B, T, K] fp16 of the T steps so far."""
+        return torch.stack(self.ids, 1), torch.stack(self.logp, 1)
+
+
 SHARD = 16  # prompts per stored shard of responses: the unit of resuming, whatever the generation batch
 
 
@@ -88,15 +111,15 @@ def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_
         width = max(map(len, ids))
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        out = target.generate(
+        labels = TopKLabels()
+        sequences = target.generate(
             input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, top_k=None, top_p=None,
-            logits_processor=[] if greedy else [InverseCdfSampling()], pad_token_id=pad, output_logits=True,
-            return_dict_in_generate=True,
+            logits_processor=[labels] + ([] if greedy else [InverseCdfSampling()]), pad_token_id=pad,
         )
-        top_ids, top_logp = _topk(torch.stack(out.logits, 1))  # [B, T, K]
+        top_ids, top_logp = labels.labels()  # [B, T, K]
         samples = []
         for b, prompt in enumerate(ids):
-            response = out.sequences[b, width:].tolist()
+            response = sequences[b, width:].tolist()
             n = next((i + 1 for i, t in enumerate(response) if t == tokenizer.eos_token_id), len(response))
             samples.append(dict(ids=torch.tensor(prompt + response[:n]), start=len(prompt) - 1,
                                 top_ids=top_ids[b, :n], top_logp=top_logp[b, :n]))

@@ -3,6 +3,7 @@ vocabulary), its save/load round trip, and the early-exit draft."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from specdec_fast import HFCachedLM, fast_generate
@@ -98,6 +99,26 @@ def test_inverse_cdf_sampling_in_greedy_generate_samples_the_target():
     stat, threshold, _ = chi_square(sequence_counts(out.sequences[:, len(PROMPT):], vocab),
                                     exact_joint(model, PROMPT, 2, 1.0, 0, 1.0))
     assert stat < threshold, (stat, threshold)
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_topk_labels_are_those_of_the_raw_logits(sampled):
+    """collect_generations' labels: TopKLabels, first among the processors, records at every step
+    the top-k of the model's raw logits (what ``output_logits`` returns), also when a later
+    processor (InverseCdfSampling) replaces the logits."""
+    from specdec_fast.distill import TOP_K, InverseCdfSampling, TopKLabels, _topk
+
+    model = tiny_llama(6, vocab=TOP_K + 8)
+    labels = TopKLabels()
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([PROMPT] * 3), attention_mask=torch.ones(3, len(PROMPT), dtype=torch.int64),
+                             max_new_tokens=4, do_sample=False, pad_token_id=0, output_logits=True, return_dict_in_generate=True,
+                             logits_processor=[labels] + ([InverseCdfSampling()] if sampled else []))
+    ids, logp = labels.labels()
+    want_ids, want_logp = _topk(torch.stack(out.logits, 1))
+    assert ids.shape == (3, 4, TOP_K)
+    assert torch.equal(ids, want_ids) and torch.equal(logp, want_logp)
 
 
 def test_corpus_prompts_are_excerpts_in_task_templates(monkeypatch, tmp_path):
