@@ -20,6 +20,7 @@ of token i + 1 is min(1, s_i rho_{i+1}).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -92,50 +93,90 @@ def _interpolate(table: dict[int, float], n: int) -> float:
     return max(0.0, table[lo] + (n - lo) * (table[hi] - table[lo]) / (hi - lo))
 
 
+class _LogCosts:
+    """One kind of cost: seconds(n) = exp(speed) x table(n), linear in n between and beyond the sizes known.
+
+    The speed is how fast the machine runs now (this VM runs the same pass up to 1.5x slower a
+    minute later, in steps, while the ratio of two sizes' costs stays put); mu[n] is a measured
+    size's log cost at speed 0. A measurement of size n right after one of another size compares
+    the two at one speed: mu[n] moves by 1 / (times n was measured so) of the surprise, the speed
+    by ``gain`` of the rest; one right after one of the same size teaches the speed alone, so
+    sizes measured long ago follow the machine instead of keeping the seconds they cost then. The
+    first measurement of a size sets its mu. A size not measured costs the line between the
+    measured sizes around it, or beyond them its prior (measured when the policy was trained)
+    scaled as the nearest measured size is: priors give the shape only where nothing is measured
+    (a loop that always drafts never measures T(1); a prior T(2) of an older kernel, 1.5x T(1),
+    once made drafting one token look dear between measured T(1) and T(3)).
+    """
+
+    def __init__(self, priors: dict[int, float], gain: float = 0.5):
+        self.priors = priors
+        self.mu: dict[int, float] = {}
+        self.count: dict[int, int] = {}  # measurements of n right after another size's, and the first
+        self.speed, self.gain, self.last = 0.0, gain, None
+
+    @property
+    def measured(self) -> set[int]:
+        return set(self.mu)
+
+    def seconds(self, size: int) -> float:
+        table = {n: math.exp(mu) for n, mu in self.mu.items()}
+        if table:
+            lo, hi = min(table), max(table)
+            for n, prior in self.priors.items():
+                if not lo <= n <= hi:
+                    edge = lo if n < lo else hi
+                    table[n] = prior * table[edge] / _interpolate(self.priors, edge)
+        else:
+            table = dict(self.priors)
+        return math.exp(self.speed) * _interpolate(table, size)
+
+    def learn(self, size: int, seconds: float) -> None:
+        log_seconds = math.log(max(seconds, 1e-9))
+        if size not in self.mu:
+            self.mu[size], self.count[size] = log_seconds - self.speed, 1
+        else:
+            surprise = log_seconds - self.speed - self.mu[size]
+            if size != self.last:
+                self.count[size] += 1
+                self.mu[size] += surprise / self.count[size]
+                surprise -= surprise / self.count[size]
+            self.speed += self.gain * surprise
+        self.last = size
+
+
 class CostModel:
     """Seconds of a draft step over r sequences, c(r), and of a target pass over n token rows,
     T(n) (a round of one sequence with k drafts is a pass over n = k + 1 rows, of a batch of
-    B sequences over n = B (k + 1)); linear between and beyond the sizes known.
+    B sequences over n = B (k + 1)), learnt as the loop measures them (see :class:`_LogCosts`).
 
-    A size the loop has measured costs what it measured (an exponential moving average; the
-    first measurement replaces the prior: priors come from one sequence, and a batch's passes
-    turn compute-bound at sizes they only extrapolate, at 8 rows a 2-token pass measured 2.2x
-    a 1-token pass where the prior said 1.4x). A size not measured yet costs its prior
-    (measured when the policy was trained) times the running ratio of measured to prior
-    seconds at sizes within the priors' range: the machine may run faster or slower than it
-    did then, and a loop that always drafts never measures T(1) itself.
+    The priors come from one sequence (measured when the policy was trained); a batch's passes
+    turn compute-bound at sizes they only extrapolate (at 8 rows a 2-token pass measured 2.2x a
+    1-token pass where the prior said 1.4x), so a size measured costs what was measured there, at
+    today's speed, and the priors' sizes follow the speed too (a loop that always drafts never
+    measures T(1) itself).
     """
 
-    def __init__(self, draft_step_s: float | dict[int, float], target_pass_s: dict[int, float], smoothing: float = 0.8):
-        self.priors = {"draft": dict(draft_step_s) if isinstance(draft_step_s, dict) else {1: float(draft_step_s)},
-                       "target": dict(target_pass_s)}
-        self.smoothing = smoothing
-        self.measured: dict[str, dict[int, float]] = {"draft": {}, "target": {}}
-        self.scale: dict[str, float | None] = {"draft": None, "target": None}  # measured / prior
-
-    def _cost(self, kind: str, size: int) -> float:
-        scale = self.scale[kind] or 1.0
-        return _interpolate({n: t * scale for n, t in self.priors[kind].items()} | self.measured[kind], size)
-
-    def _learn(self, kind: str, size: int, seconds: float) -> None:
-        a, measured, priors = self.smoothing, self.measured[kind], self.priors[kind]
-        measured[size] = a * measured[size] + (1 - a) * seconds if size in measured else seconds
-        if size <= max(priors):
-            ratio, last = seconds / _interpolate(priors, size), self.scale[kind]
-            self.scale[kind] = ratio if last is None else a * last + (1 - a) * ratio
+    def __init__(self, draft_step_s: float | dict[int, float], target_pass_s: dict[int, float]):
+        self.kinds = {"draft": _LogCosts(dict(draft_step_s) if isinstance(draft_step_s, dict) else {1: float(draft_step_s)}),
+                      "target": _LogCosts(dict(target_pass_s))}
 
     def draft(self, rows: int = 1) -> float:
         """c(rows): one draft step of ``rows`` sequences."""
-        return self._cost("draft", rows)
+        return self.kinds["draft"].seconds(rows)
 
     def target(self, n: int) -> float:
         """T(n): one target pass over n token rows."""
-        return self._cost("target", n)
+        return self.kinds["target"].seconds(n)
+
+    def measured(self, n: int) -> bool:
+        """Has the loop measured T(n)?"""
+        return n in self.kinds["target"].measured
 
     def update(self, drafted: int, draft_s: float, target_s: float, rows: int = 1) -> None:
         if drafted:
-            self._learn("draft", rows, draft_s / drafted)
-        self._learn("target", rows * (drafted + 1), target_s)
+            self.kinds["draft"].learn(rows, draft_s / drafted)
+        self.kinds["target"].learn(rows * (drafted + 1), target_s)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -169,12 +210,15 @@ class CostAwarePolicy(SpeculativePolicy):
     (1 + alpha + ... + alpha^k) / (k c(rows) + T(rows (k + 1))), with alpha the running
     per-token acceptance and the costs measured at this batch size. As the batch grows the
     target pass turns compute-bound, T(rows (k + 1)) grows with k, and the policy drafts
-    less, down to nothing.
+    less, down to nothing. A round at a batch size whose plain pass T(rows) is not measured
+    yet drafts nothing (it costs what batched autoregressive decoding does): every length is
+    weighed against T(rows), and one extrapolated from one sequence's priors made drafting
+    look cheap at 16 rows, where it lost, with nothing in a loop that always drafts to correct it.
 
     ``probe_every``: after that many batch rounds without drafting, draft one token anyway, so
     the acceptance estimate can recover when the text gets easier. Each probe that does not bring drafting back doubles the gap to the
     next one (up to 16 ``probe_every``): a probe of a large batch is dear. The first batch
-    round is a probe, so alpha soon rests on a measurement (see ``token_acceptance``). No probe is
+    round that may draft is a probe, so alpha soon rests on a measurement (see ``token_acceptance``). No probe is
     made where the current costs say drafting would lose even if every draft were accepted
     (a large batch on a CPU): there is nothing to find out.
     """
@@ -223,6 +267,8 @@ class CostAwarePolicy(SpeculativePolicy):
     def begin_round(self, remaining: int, rows: int | None = None) -> int:
         limit = super().begin_round(remaining)
         if rows is not None:
+            if not self.costs.measured(rows):
+                return 0
             c = self.costs.draft(rows)
 
             def rate(alpha: float, k: int) -> float:  # expected tokens per second of a round drafting k

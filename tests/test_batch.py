@@ -100,12 +100,16 @@ def test_rollback_by_row_leaves_exact_caches(tiny_pair):
 def test_cost_aware_policy_stops_drafting_when_the_batch_makes_passes_dear():
     """Costs in which a pass over 2 rows costs as much as over 1, but beyond 8 rows every row costs
     more: at 1 row drafting pays at acceptance 0.5, at 16 rows it does not (and a probe comes
-    every probe_every rounds)."""
+    every probe_every rounds). The first round at a batch size drafts nothing: it measures T(rows)."""
     costs = CostModel({1: 0.001, 16: 0.01}, {1: 0.1, 2: 0.1, 4: 0.11, 8: 0.12, 16: 0.24, 32: 0.4})
     policy = CostAwarePolicy(AcceptancePredictor(), costs, probe_every=3)
-    assert policy.begin_round(50, rows=16) == 1  # the first batch round measures alpha
+    assert policy.begin_round(50, rows=16) == 0
+    policy.observe(0, 0.0, 0.0, 0.24, rows=16)
+    assert policy.begin_round(50, rows=16) == 1  # the first round that may draft measures alpha
     policy.observe(1, 0.5, 0.01, 0.4, rows=16)
     assert policy.token_acceptance == pytest.approx(0.5)
+    assert policy.begin_round(50, rows=1) == 0
+    policy.observe(0, 0.0, 0.0, 0.1, rows=1)
     assert policy.begin_round(50, rows=1) >= 2
     # every 4th round probes; a probe that does not bring drafting back doubles the gap
     assert [policy.begin_round(50, rows=16) for _ in range(12)] == [0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0]
@@ -114,20 +118,24 @@ def test_cost_aware_policy_stops_drafting_when_the_batch_makes_passes_dear():
 
 
 def test_cost_aware_policy_never_probes_where_drafting_cannot_pay():
-    """The priors (one sequence, up to 10 tokens) say a pass costs the same at any size, so drafting
-    would pay; the first probe at 16 rows measures a 2-token pass at 0.5 s, 2.5 times what the
-    line through 10 and 32 rows then says of a 1-token pass: from then on no round drafts there."""
+    """The priors (one sequence, up to 10 tokens) say a pass costs the same at any size; the first
+    round at 16 rows measures a 1-token pass at 0.12 s, so the priors scaled to it say a 2-token
+    pass costs 0.12 s too and drafting would pay; the probe measures it at 0.5 s: from then on no
+    round drafts there."""
     costs = CostModel({1: 0.001}, {1: 0.1, 2: 0.1, 10: 0.1})
     policy = CostAwarePolicy(AcceptancePredictor(), costs, probe_every=3)
-    assert policy.begin_round(50, rows=16) == 1
-    policy.observe(1, 1.0, 0.01, 0.5, rows=16)
-    assert costs.target(32) == pytest.approx(0.5) and costs.target(16) == pytest.approx(0.1 + 0.4 * 6 / 22)
+    assert policy.begin_round(50, rows=16) == 0
+    policy.observe(0, 0.0, 0.0, 0.12, rows=16)
+    assert costs.target(32) == pytest.approx(0.12) and policy.begin_round(50, rows=16) == 1
+    policy.observe(1, 1.0, 0.016, 0.5, rows=16)
     assert [policy.begin_round(50, rows=16) for _ in range(40)] == [0] * 40
+    policy.observe(0, 0.0, 0.0, 0.1, rows=1)
     assert policy.begin_round(50, rows=1) >= 1  # one row: a 2-token pass costs what a 1-token pass does
 
 
 def test_one_lucky_probe_does_not_make_alpha_one():
     policy = CostAwarePolicy(AcceptancePredictor(), CostModel(0.001, {1: 0.1, 2: 0.1, 9: 0.2}))
+    policy.observe(0, 0.0, 0.0, 0.1, rows=1)  # T(1) measured
     assert policy.token_acceptance == 0.5 and policy.begin_round(50, rows=1) == 1  # the prior; a probe
     policy.observe(1, 1.0, 0.001, 0.1, rows=1)  # its one token accepted
     assert 0.5 < policy.token_acceptance < 0.7

@@ -174,16 +174,32 @@ def test_fixed_length_validates():
 
 
 def test_cost_model_interpolates_and_learns():
-    costs = CostModel(0.01, {1: 0.10, 3: 0.14}, smoothing=0.5)
+    costs = CostModel(0.01, {1: 0.10, 3: 0.14})
     assert costs.target(2) == pytest.approx(0.12) and costs.target(5) == pytest.approx(0.18)  # extrapolated
-    costs.update(drafted=2, draft_s=0.04, target_s=0.21)  # observed: 0.02 s per draft step, T(3) = 0.21 s
-    assert costs.draft() == pytest.approx(0.02) and costs.target(3) == pytest.approx(0.21)  # measured beats the prior
-    assert costs.target(1) == pytest.approx(0.15)  # not measured: its prior x 1.5, the measured / prior ratio
-    costs.update(drafted=2, draft_s=0.08, target_s=0.35)  # then measurements are averaged
-    assert costs.draft() == pytest.approx(0.03) and costs.target(3) == pytest.approx(0.28)
-    assert costs.target(1) == pytest.approx(0.2) and costs.target(2) == pytest.approx(0.24)  # ratio (1.5 + 2.5) / 2
-    costs.update(drafted=0, draft_s=0.0, target_s=0.1)  # T(1) measured
-    assert costs.target(1) == pytest.approx(0.1)
+    costs.update(drafted=2, draft_s=0.04, target_s=0.21)  # the first measurement: T(1) is its prior scaled as T(3)
+    assert costs.draft() == pytest.approx(0.02) and costs.target(3) == pytest.approx(0.21) and costs.target(1) == pytest.approx(0.15)
+    costs.update(drafted=0, draft_s=0.0, target_s=0.12)  # T(1) measured: T(2) lies between the two measured
+    assert costs.target(1) == pytest.approx(0.12) and costs.target(3) == pytest.approx(0.21) and costs.target(2) == pytest.approx(0.165)
+    costs.update(drafted=0, draft_s=0.0, target_s=0.18)  # T(1) again, 1.5x: the speed moves by half of it, T(3) too
+    assert costs.target(1) == pytest.approx(0.12 * 1.5**0.5) and costs.target(3) == pytest.approx(0.21 * 1.5**0.5)
+    costs.update(drafted=2, draft_s=0.04, target_s=0.3)  # T(3) right after T(1): T(3) / T(1) is the mean of the two pairs'
+    assert costs.target(3) / costs.target(1) == pytest.approx((0.21 / 0.12 * 0.3 / (0.12 * 1.5**0.5)) ** 0.5)
+
+
+def test_cost_model_follows_the_machine_not_the_last_size_measured():
+    """A batch of 16 measures its 1-token pass (70 ms) and a 2-token probe (87 ms), then only 1-token
+    passes while the machine slows to 1.5x: the 2-token pass is taken to cost 1.5x more too (the
+    ratio of the two stays the measured one, where a 2-token pass left at 87 ms would look cheaper
+    than a 1-token one); a later probe's ratio is averaged in."""
+    costs = CostModel(0.001, {1: 0.1})
+    costs.update(0, 0.0, 0.070, rows=16)
+    costs.update(1, 0.005, 0.087, rows=16)
+    for seconds in [0.070] * 3 + [0.105] * 20:
+        costs.update(0, 0.0, seconds, rows=16)
+    assert costs.target(16) == pytest.approx(0.105, rel=1e-4)
+    assert costs.target(32) / costs.target(16) == pytest.approx(0.087 / 0.070, rel=1e-4)
+    costs.update(1, 0.005, 0.105 * 1.3, rows=16)
+    assert costs.target(32) / costs.target(16) == pytest.approx((1.3 * 0.087 / 0.070) ** 0.5, rel=1e-3)
 
 
 def predicting(*outputs: float) -> AcceptancePredictor:
