@@ -115,10 +115,6 @@ class _LogCosts:
         self.count: dict[int, int] = {}  # measurements of n right after another size's, and the first
         self.speed, self.gain, self.last = 0.0, gain, None
 
-    @property
-    def measured(self) -> set[int]:
-        return set(self.mu)
-
     def seconds(self, size: int) -> float:
         table = {n: math.exp(mu) for n, mu in self.mu.items()}
         if table:
@@ -171,7 +167,7 @@ class CostModel:
 
     def measured(self, n: int) -> bool:
         """Has the loop measured T(n)?"""
-        return n in self.kinds["target"].measured
+        return n in self.kinds["target"].mu
 
     def update(self, drafted: int, draft_s: float, target_s: float, rows: int = 1) -> None:
         if drafted:
