@@ -15,7 +15,7 @@ from .learned_policy import AcceptancePredictor, CostAwarePolicy, PolicyNetwork,
 from .policy import (ConfidenceThreshold, DraftPolicy, EntropyStop, FixedDraftLength, HeuristicSchedule, MDPState,
                      SpeculativePolicy)
 from .sampling import SamplingParams, warp_logits
-from .smollm2 import load_feature_pair, load_smollm2, use_fast_passes
+from .smollm2 import load_feature_models, load_feature_pair, load_smollm2, use_fast_passes
 
 __version__ = "0.1.0"
 
@@ -30,6 +30,7 @@ __all__ = [
     "EntropyStop",
     "FeatureDraft",
     "feature_pair",
+    "load_feature_models",
     "load_feature_pair",
     "HeuristicSchedule",
     "MDPState",

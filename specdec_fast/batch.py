@@ -58,12 +58,16 @@ class BatchedLM(TransformersLM):
 
         Returns the logits [B, num_logits, V] of the last ``num_logits`` slots.
         """
+        inputs = self._append(fed)
+        return self.model(input_ids=tokens.to(self.device), logits_to_keep=num_logits, **inputs).logits
+
+    def _append(self, fed: Tensor) -> dict:
+        """Add the slots of one ``extend`` (``fed`` [B, n] bool) and return the model's keyword
+        arguments for them: the mask over all slots, the new slots' position ids [B, n], the cache."""
         fed = fed.to(self.device)
         positions = (self.lengths[:, None] + fed.cumsum(1) - 1).clamp(min=0)
         self.valid = torch.cat([self.valid, fed], 1)
-        out = self.model(input_ids=tokens.to(self.device), attention_mask=self.valid.long(), position_ids=positions,
-                         use_cache=True, logits_to_keep=num_logits, **{self._cache_arg: self.cache})
-        return out.logits
+        return dict(attention_mask=self.valid.long(), position_ids=positions, use_cache=True, **{self._cache_arg: self.cache})
 
     def keep(self, lengths: Tensor) -> None:
         """Keep the first ``lengths[b]`` tokens of row b ([B] int64); drop the slots no row uses."""
@@ -78,6 +82,17 @@ class BatchedLM(TransformersLM):
         """Keep only ``rows`` ([B'] int64 indices) of the batch."""
         self.cache.batch_select_indices(rows.to(self.device))
         self.valid = self.valid[rows.to(self.device)]
+
+
+def batched_pair(target: torch.nn.Module, draft: torch.nn.Module | None, batch: int) -> tuple[BatchedLM, BatchedLM | None]:
+    """The batch caches of ``target`` and ``draft`` (a transformers causal LM, a
+    :class:`~specdec_fast.feature_draft.FeatureDraft` of this target, or None)."""
+    from .feature_draft import BatchedFeatureDraft, BatchedFeatureTarget, FeatureDraft  # it imports this module
+
+    if isinstance(draft, FeatureDraft):
+        target_lm = BatchedFeatureTarget(target, batch)
+        return target_lm, BatchedFeatureDraft(draft, target_lm, batch)
+    return BatchedLM(target, batch), BatchedLM(draft, batch) if draft is not None else None
 
 
 def right_aligned(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
@@ -174,7 +189,8 @@ def batch_generate(
     """Speculative decoding of a batch of requests; each follows the target's distribution exactly.
 
     Args:
-        target, draft: transformers causal LMs with the same vocabulary, on the same device;
+        target, draft: transformers causal LMs with the same vocabulary, on the same device,
+            or the target and a :class:`~specdec_fast.feature_draft.FeatureDraft` built on it;
             ``draft=None`` is batched autoregressive decoding of the target (the baseline).
         prompts: B text prompts (with ``tokenizer``), or ``input_ids``: B token sequences.
         temperature, top_k, top_p: one value for all requests or one per request.
@@ -190,8 +206,7 @@ def batch_generate(
     """
     requests = _requests(prompts, input_ids, tokenizer)
     batch = len(requests)
-    target_lm = BatchedLM(target, batch)
-    draft_lm = BatchedLM(draft, batch) if draft is not None else None
+    target_lm, draft_lm = batched_pair(target, draft, batch)
     if draft_lm is not None:
         check_pair(target_lm, draft_lm)
     for ids in requests:

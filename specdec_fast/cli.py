@@ -193,7 +193,7 @@ def _batch_bench(args) -> int:
     from .bench import batch
 
     print(batch.table(batch.run(args.batches, args.lengths, args.temperatures, args.max_new_tokens, args.repeats,
-                                args.out_name)))
+                                args.draft, args.out_name)))
     return 0
 
 
@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     bb.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     bb.add_argument("--max-new-tokens", type=int, default=64)
     bb.add_argument("--repeats", type=int, default=3)
-    bb.add_argument("--out-name", default="batch", help="results file name under benchmarks/results")
+    bb.add_argument("--draft", choices=DRAFT_KINDS, default=DRAFT_KINDS[0], help="the shipped SmolLM2 draft")
+    bb.add_argument("--out-name", default=None, help="results file name under benchmarks/results (default batch_<draft>)")
     bb.set_defaults(run=_batch_bench)
 
     qb = commands.add_parser("quant-bench", parents=[common],

@@ -11,7 +11,8 @@ from torch import Tensor
 
 from .batch import batch_generate
 from .generate import GenerationOutput, fast_generate, warmup
-from .learned_policy import default_policy
+from .feature_draft import FeatureDraft
+from .learned_policy import POLICY_FILES, default_policy
 from .policy import DraftPolicy
 
 
@@ -78,9 +79,10 @@ class ProductionSpeculativeDecoder(SpeculativeDecoder):
     """A decoder for serving (the seed's name): one draft-length policy kept across calls, so the
     costs it measures carry over; requests batched through both models together.
 
-    ``policy`` defaults to the shipped learned cost-aware policy (:func:`default_policy`): its
-    cost priors were measured on the default pair and adapt to the measured costs online, per
-    batch size, so it drafts less (down to nothing) where speculation loses.
+    ``policy`` defaults to the shipped learned cost-aware policy of the draft's kind
+    (:func:`default_policy`; the feature draft's for a :class:`FeatureDraft`, else the token
+    draft's): its cost priors were measured on the SmolLM2 pair and adapt to the measured costs
+    online, per batch size, so it drafts less (down to nothing) where speculation loses.
 
     Example:
         >>> decoder = ProductionSpeculativeDecoder(target, draft, batch_size=8)
@@ -93,7 +95,9 @@ class ProductionSpeculativeDecoder(SpeculativeDecoder):
                  top_p: float = 1.0):
         if int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
-        policy = policy if policy is not None else default_policy(verifier, max_draft_tokens=max_draft_tokens)
+        if policy is None:
+            kind = "feature" if isinstance(draft_model, FeatureDraft) else "token"
+            policy = default_policy(verifier, POLICY_FILES[kind], max_draft_tokens=max_draft_tokens)
         super().__init__(target_model, draft_model, max_draft_tokens, policy, verifier, temperature, top_k, top_p)
         self.batch_size = int(batch_size)
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .batch import BatchedLM
 from .cached_lm import HFCachedLM, TransformersLM, cache_argument
 from .drafts import build_small_draft, load_draft_weights, read_draft_file, save_draft_weights, shipped_file
 
@@ -171,6 +172,88 @@ class FeatureDraftLM(TransformersLM):
             self.cache.crop(keep - self.cache_length)
             self.last_feature = None
         self.true_length = keep
+
+
+class BatchedFeatureTarget(BatchedLM):
+    """:class:`~specdec_fast.batch.BatchedLM` over the target that also keeps its final hidden
+    state of every slot (``features`` [B, slots, d], aligned with ``valid``)."""
+
+    def __init__(self, model: nn.Module, batch: int):
+        super().__init__(model, batch)
+        self.features = torch.zeros(batch, 0, model.config.hidden_size, device=self.device)
+
+    @torch.inference_mode()
+    def extend(self, tokens: Tensor, fed: Tensor, num_logits: int) -> Tensor:
+        hidden = self.model.model(input_ids=tokens.to(self.device), **self._append(fed)).last_hidden_state
+        self.features = torch.cat([self.features, hidden.float()], 1)
+        return self.model.lm_head(hidden[:, -num_logits:])
+
+    def row_features(self, row: int) -> Tensor:
+        """[L, d]: the features of row ``row``'s cached tokens, in sequence order."""
+        return self.features[row][self.valid[row]]
+
+    def keep(self, lengths: Tensor) -> None:
+        super().keep(lengths)
+        self.features = self.features[:, : self.valid.shape[1]]
+
+    def select(self, rows: Tensor) -> None:
+        super().select(rows)
+        self.features = self.features[rows.to(self.device)]
+
+
+class BatchedFeatureDraft(BatchedLM):
+    """:class:`~specdec_fast.batch.BatchedLM` over a :class:`FeatureDraft` reading ``target``'s
+    features, as :class:`FeatureDraftLM` does for one sequence: a row's own predicted feature
+    stands in beyond the target's cache (one token at a time), and ``keep`` drops the positions
+    computed from it (the next round re-feeds them)."""
+
+    def __init__(self, draft: FeatureDraft, target: BatchedFeatureTarget, batch: int):
+        super().__init__(draft.lm, batch)
+        self.draft = draft.eval()
+        self.target = target
+        self.vocab_size = target.vocab_size
+        self.true_lengths = torch.zeros(batch, dtype=torch.int64, device=self.device)  # tokens from true features
+        self.last_feature = None  # [B, d]: the draft's predicted feature of each row's last slot
+
+    def _previous_features(self, positions: Tensor, fed: Tensor) -> tuple[Tensor, Tensor]:
+        """For each fed slot at sequence position t, the feature of position t - 1 ([B, n, d]), and
+        [B] bool: the row used its own last feature."""
+        prev = torch.zeros(*fed.shape, self.target.features.shape[-1], device=self.device)
+        own = torch.zeros(len(fed), dtype=torch.bool, device=self.device)
+        for row in range(len(fed)):
+            wanted = positions[row][fed[row]] - 1
+            if not len(wanted):
+                continue
+            known = self.target.row_features(row)
+            if int(wanted[-1]) < len(known):  # position -1 (before the first token) reads zeros
+                prev[row, fed[row]] = torch.cat([known.new_zeros(1, known.shape[1]), known])[wanted + 1]
+            elif len(wanted) == 1 and self.last_feature is not None:
+                prev[row, fed[row]] = self.last_feature[row]
+                own[row] = True
+            else:
+                raise ValueError(f"row {row}: the target's features of positions {len(known)}..{int(wanted[-1])} are "
+                                 "not known: feed the draft one token at a time beyond the target's cache")
+        return prev, own
+
+    @torch.inference_mode()
+    def extend(self, tokens: Tensor, fed: Tensor, num_logits: int) -> Tensor:
+        before = self.lengths
+        inputs = self._append(fed.to(self.device))
+        prev, own = self._previous_features(inputs["position_ids"], fed.to(self.device))
+        feats = self.draft.features(tokens.to(self.device), prev, **inputs)
+        self.true_lengths = torch.where(~own & (self.true_lengths == before), self.lengths, self.true_lengths)
+        self.last_feature = feats[:, -1]
+        return self.draft.lm.lm_head(feats[:, -num_logits:])
+
+    def keep(self, lengths: Tensor) -> None:
+        self.true_lengths = torch.minimum(self.true_lengths, lengths.to(self.device))
+        super().keep(self.true_lengths)
+        self.last_feature = None
+
+    def select(self, rows: Tensor) -> None:
+        super().select(rows)
+        self.true_lengths = self.true_lengths[rows.to(self.device)]
+        self.last_feature = None if self.last_feature is None else self.last_feature[rows.to(self.device)]
 
 
 def feature_pair(target: nn.Module, draft: FeatureDraft) -> tuple[FeatureTargetLM, FeatureDraftLM]:

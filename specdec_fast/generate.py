@@ -164,6 +164,17 @@ def check_pair(target_lm, draft_lm) -> None:
         raise ValueError(f"device mismatch: target is on {devices[0]}, draft on {devices[1]}")
 
 
+def cached_pair(target, draft) -> tuple[CachedLM, CachedLM]:
+    """The (target, draft) caches of one sequence: each model as :func:`as_cached_lm` makes it,
+    or, for a :class:`~specdec_fast.feature_draft.FeatureDraft` draft, the bound pair of
+    :func:`~specdec_fast.feature_draft.feature_pair`."""
+    from .feature_draft import FeatureDraft, feature_pair  # feature_draft imports batch, which imports this module
+
+    if isinstance(draft, FeatureDraft):
+        return feature_pair(target, draft)
+    return as_cached_lm(target), as_cached_lm(draft)
+
+
 def _catch_up(lm: CachedLM, ids: Tensor, n: int) -> Tensor:
     """Feed the committed tokens ids[cache_length:n] (at least one) and return the next-token logits [V]."""
     return lm.extend(ids[lm.cache_length : n], 1)[-1]
@@ -204,7 +215,8 @@ def fast_generate(
 
     Args:
         target, draft: transformers causal LMs or :class:`~specdec_fast.cached_lm.CachedLM`
-            objects with the same vocabulary, on the same device.
+            objects with the same vocabulary, on the same device; or a transformers target and
+            a :class:`~specdec_fast.feature_draft.FeatureDraft` built on it.
         input_ids: the prompt, [S] or [1, S]; or ``prompt`` text with its ``tokenizer``.
         temperature, top_k, top_p: sampling; temperature 0 is greedy (then the output equals
             the target's own greedy decoding).
@@ -222,7 +234,7 @@ def fast_generate(
     Returns:
         GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.
     """
-    target_lm, draft_lm = as_cached_lm(target), as_cached_lm(draft)
+    target_lm, draft_lm = cached_pair(target, draft)
     check_pair(target_lm, draft_lm)
     params = SamplingParams(temperature, top_k, top_p)
     policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)

@@ -122,21 +122,31 @@ def load_token_pair():
     return use_fast_passes(target), use_fast_passes(draft), tokenizer
 
 
-def load_feature_pair():
-    """SmolLM2-135M-Instruct and the shipped feature draft as the bound pair of
-    :func:`~specdec_fast.feature_draft.feature_pair` (:func:`use_fast_passes`, fp32, CPU).
-    Returns (target_lm, draft_lm, tokenizer), to pass to ``fast_generate``."""
-    from .feature_draft import default_feature_draft, feature_pair
+def load_feature_models():
+    """SmolLM2-135M-Instruct (a transformers model) and the shipped
+    :class:`~specdec_fast.feature_draft.FeatureDraft` built on it (both :func:`use_fast_passes`, fp32,
+    CPU). Returns (target, draft, tokenizer), to pass to ``fast_generate`` or ``batch_generate``."""
+    from .feature_draft import default_feature_draft
 
     target, tokenizer = load_smollm2()
     draft = use_fast_passes(default_feature_draft(target))
-    return (*feature_pair(use_fast_passes(target), draft), tokenizer)
+    return use_fast_passes(target), draft, tokenizer
 
 
-def load_pair(draft: str):
+def load_feature_pair():
+    """:func:`load_feature_models` as the bound pair of :func:`~specdec_fast.feature_draft.feature_pair`.
+    Returns (target_lm, draft_lm, tokenizer), to pass to ``fast_generate``."""
+    from .feature_draft import feature_pair
+
+    target, draft, tokenizer = load_feature_models()
+    return (*feature_pair(target, draft), tokenizer)
+
+
+def load_pair(draft: str, models: bool = False):
     """The SmolLM2 pair with the shipped draft of kind ``draft`` ("feature": :func:`load_feature_pair`,
-    the default of the main job; "token": :func:`load_token_pair`). Returns (target, draft, tokenizer)."""
-    loaders = {"feature": load_feature_pair, "token": load_token_pair}
+    the default of the main job, or :func:`load_feature_models` if ``models``; "token":
+    :func:`load_token_pair`). Returns (target, draft, tokenizer)."""
+    loaders = {"feature": load_feature_models if models else load_feature_pair, "token": load_token_pair}
     if draft not in loaders:
         raise ValueError(f"draft must be one of {sorted(loaders)}, got {draft!r}")
     return loaders[draft]()

@@ -1,5 +1,5 @@
-"""batch_generate on tiny transformers models: each request's output is what it would be alone
-(fast_generate with its seed), greedy equals the target's greedy, the joint law of the first
+"""batch_generate on tiny transformers models and feature drafts: each request's output is what it
+would be alone (fast_generate with its seed), greedy equals the target's greedy, the joint law of the first
 tokens is exact per request setting, per-row rollback leaves exact caches, bad input errors."""
 
 from __future__ import annotations
@@ -9,21 +9,32 @@ import torch
 
 from specdec_fast import AdaptiveMonitoringSystem, batch_generate, fast_generate, generate_autoregressive
 from specdec_fast.batch import BatchedLM, right_aligned
-from specdec_fast.learned_policy import AcceptancePredictor, CostAwarePolicy, CostModel, geometric_acceptance
+from specdec_fast.learned_policy import (POLICY_FILES, AcceptancePredictor, CostAwarePolicy, CostModel, default_policy,
+                                        geometric_acceptance)
 
 from conftest import tiny_llama
 from distribution import chi_square, sequence_counts
+from test_feature_draft import feature_draft
 from test_generate import NO_EOS, PROMPT, exact_joint
 
 PROMPTS = [[3, 1, 4, 1, 5], [2], [7, 6, 5, 4, 3, 2, 1, 0, 1], [1, 2]]  # ragged, one single-token prompt
 SEEDS = [10, 11, 12, 13]
 
 
+def draft_for(target, kind: str):
+    """A draft of ``kind`` for the 8-token ``target``: "model", a 1-layer transformers model;
+    "feature", a feature draft restricted to 5 of the 8 tokens."""
+    return tiny_llama(1, layers=1) if kind == "model" else feature_draft(target, torch.tensor([0, 1, 3, 4, 6]))
+
+
+@pytest.mark.parametrize("kind", ["model", "feature"])
 @pytest.mark.parametrize("eos", [NO_EOS, 5])
 @pytest.mark.parametrize("k", [1, 3])
-def test_each_request_gets_its_own_fast_generate_output(tiny_pair, k, eos):
-    """Per-request settings and seeds; rows finish at different times (EOS, budget)."""
-    target, draft = tiny_pair
+def test_each_request_gets_its_own_fast_generate_output(k, eos, kind):
+    """Per-request settings and seeds; rows finish at different times (EOS, budget). A feature
+    draft's rows draft from their own features and roll back by different amounts."""
+    target = tiny_llama(0)
+    draft = draft_for(target, kind)
     settings = dict(temperature=[1.0, 0.0, 0.8, 1.3], top_k=[0, 0, 5, 3], top_p=[1.0, 1.0, 0.9, 0.8])
     out = batch_generate(target, draft, input_ids=PROMPTS, max_new_tokens=15, seeds=SEEDS, num_draft_tokens=k,
                          eos_token_id=eos, **settings)
@@ -45,10 +56,11 @@ def test_output_does_not_depend_on_the_rest_of_the_batch(tiny_pair):
     assert together.outputs[2].tokens == alone.outputs[0].tokens
 
 
-@pytest.mark.parametrize("k", [0, 2, 5])
-def test_greedy_equals_each_sequence_own_greedy(k):
-    target, draft = tiny_llama(10, vocab=16), tiny_llama(11, vocab=16, layers=1)
-    out = batch_generate(target, draft if k else None, input_ids=PROMPTS, max_new_tokens=30, temperature=0.0,
+@pytest.mark.parametrize("k, kind", [(0, None), (2, "model"), (5, "model"), (2, "feature"), (5, "feature")])
+def test_greedy_equals_each_sequence_own_greedy(k, kind):
+    target = tiny_llama(10, vocab=16)
+    draft = {None: None, "model": tiny_llama(11, vocab=16, layers=1), "feature": feature_draft(target)}[kind]
+    out = batch_generate(target, draft, input_ids=PROMPTS, max_new_tokens=30, temperature=0.0,
                          num_draft_tokens=k, eos_token_id=NO_EOS)
     for prompt, got in zip(PROMPTS, out.outputs):
         assert got.tokens == generate_autoregressive(target, prompt, max_new_tokens=30, temperature=0.0, eos_token_id=NO_EOS).tokens
@@ -190,10 +202,12 @@ def test_batch_vocabulary_or_device_mismatch_and_not_a_model(tiny_pair):
         batch_generate(object(), None, input_ids=[PROMPT])
 
 
-def test_production_decoder_batches_requests_and_keeps_totals(tiny_pair):
+@pytest.mark.parametrize("kind", ["model", "feature"])
+def test_production_decoder_batches_requests_and_keeps_totals(kind):
     from specdec_fast import FixedDraftLength, ProductionSpeculativeDecoder
 
-    target, draft = tiny_pair
+    target = tiny_llama(0)
+    draft = draft_for(target, kind)
     decoder = ProductionSpeculativeDecoder(target, draft, policy=FixedDraftLength(2), batch_size=3)
     assert decoder.warmup() > 0
     outs = decoder.batch_generate(input_ids=PROMPTS, max_new_tokens=8, seeds=SEEDS, eos_token_id=NO_EOS)
@@ -204,13 +218,18 @@ def test_production_decoder_batches_requests_and_keeps_totals(tiny_pair):
     assert metrics["new_tokens"] == 8 * len(PROMPTS) and metrics["tokens_per_second"] > 0
     with pytest.raises(ValueError, match="batch_size"):
         ProductionSpeculativeDecoder(target, draft, batch_size=0)
+    shipped = default_policy(path=POLICY_FILES["feature" if kind == "feature" else "token"])
+    assert ProductionSpeculativeDecoder(target, draft).settings["policy"].costs.draft(1) == shipped.costs.draft(1)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: batch_generate with the models and kernels on it")
-def test_on_cuda_batch_is_each_request_alone():
+@pytest.mark.parametrize("kind", ["model", "feature"])
+def test_on_cuda_batch_is_each_request_alone(kind):
     """On a GPU: greedy batched output equals each sequence's own greedy decoding, and each
     sampled request equals fast_generate with its seed (the per-request counters)."""
-    target, draft = tiny_llama(10, vocab=16).cuda(), tiny_llama(11, vocab=16, layers=1).cuda()
+    target = tiny_llama(10, vocab=16)
+    draft = tiny_llama(11, vocab=16, layers=1) if kind == "model" else feature_draft(target)
+    target, draft = target.cuda(), draft.cuda()
     greedy = batch_generate(target, draft, input_ids=PROMPTS, max_new_tokens=30, temperature=0.0, num_draft_tokens=3,
                             eos_token_id=NO_EOS)
     for prompt, got in zip(PROMPTS, greedy.outputs):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from specdec_fast import fast_generate, generate_autoregressive
+from specdec_fast import batch_generate, fast_generate, generate_autoregressive
 from specdec_fast import smollm2 as smollm2_module
 from specdec_fast.cli import main
 from specdec_fast.prompts import chat_prompt_ids
@@ -61,6 +61,18 @@ def test_shipped_feature_pair_greedy_equals_target_greedy():
     baseline = generate_autoregressive(target_lm, ids, max_new_tokens=32, temperature=0.0, eos_token_id=())
     assert ours.tokens == baseline.tokens
     assert ours.stats.accepted > 0
+
+
+def test_shipped_feature_draft_batched_greedy_equals_target_greedy():
+    """batch_generate with SmolLM2 and the shipped feature draft (as modules), three prompts of
+    different lengths, greedy: each row token for token the target's own greedy decoding."""
+    target, draft, tokenizer = smollm2_module.load_feature_models()
+    prompts = [chat_prompt_ids(tokenizer, p, chat=True) for p in (PROMPT, "Hi.", "List three prime numbers.")]
+    out = batch_generate(target, draft, input_ids=prompts, max_new_tokens=24, temperature=0.0, num_draft_tokens=2,
+                         eos_token_id=())
+    for ids, got in zip(prompts, out.outputs):
+        assert got.tokens == generate_autoregressive(target, ids, max_new_tokens=24, temperature=0.0, eos_token_id=()).tokens
+    assert sum(o.stats.accepted for o in out.outputs) > 0
 
 
 def test_sampling_is_reproducible_and_text_prompts_work(smollm2):

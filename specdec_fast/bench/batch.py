@@ -1,7 +1,8 @@
 """Batched speculative decoding benchmark (``benchmarks/batch.py``, ``specdec-fast batch-bench``).
 
 For each batch size B, the first B held-out prompts run as one batch, side by side in
-each repeat: batch_generate with fixed draft lengths and with the shipped cost-aware policy,
+each repeat: batch_generate with the shipped draft of one kind (feature or token) at fixed
+draft lengths and with that draft's shipped cost-aware policy,
 each run right after its own run of batched autoregressive decoding of the target (the
 baseline), because this VM's speed drifts within a repeat (a baseline run after the k = 4
 runs measured 5-15% slower than one before them). Speedups are medians over repeats of
@@ -19,9 +20,9 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from ..batch import BatchedLM, right_aligned, batch_generate
+from ..batch import BatchedLM, batch_generate, batched_pair, right_aligned
 from ..generate import warmup
-from ..learned_policy import default_policy, expected_tokens
+from ..learned_policy import POLICY_FILES, default_policy, expected_tokens
 from .common import RESULTS, machine, markdown_table, median_time, write_results
 from .efficiency import EfficiencyBenchmark, paired_order
 
@@ -31,7 +32,7 @@ BASELINE = "autoregressive"
 def pass_costs(target, draft, prompts: list[list[int]], max_k: int, repeats: int = 7) -> dict:
     """Median seconds of a target pass over B rows x n tokens (n = 1..max_k+1) and of a draft
     step over B rows, with each model's cache holding the B prompts."""
-    t, d = BatchedLM(target, len(prompts)), BatchedLM(draft, len(prompts))
+    t, d = batched_pair(target, draft, len(prompts))
     tokens, fed = right_aligned(prompts)
     t.extend(tokens, fed, 1)
     d.extend(tokens, fed, 1)
@@ -46,8 +47,9 @@ def pass_costs(target, draft, prompts: list[list[int]], max_k: int, repeats: int
 
 
 def run(batches: list[int], lengths: list[int], temperatures: list[float], max_new_tokens: int, repeats: int,
-        out_name: str = "batch") -> dict:
-    bench = EfficiencyBenchmark.default(None)
+        draft_kind: str = "feature", out_name: str | None = None) -> dict:
+    """Writes benchmarks/results/``out_name`` (default batch_<draft_kind>).{json,md,png}."""
+    bench = EfficiencyBenchmark.default(None, draft_kind, models=True)
     target, draft = bench.target, bench.draft
     warmup(target, draft)
     settings = dict(max_new_tokens=max_new_tokens, eos_token_id=())
@@ -58,7 +60,7 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
                                                                        num_draft_tokens=k, **settings)
     methods["autoregressive again"] = baseline  # A/A control: the noise and order bias of a pair
     methods["cost-aware"] = lambda ids, seeds, t: batch_generate(target, draft, input_ids=ids, temperature=t, seeds=seeds,
-                                                                 policy=default_policy(), **settings)
+                                                                 policy=default_policy(path=POLICY_FILES[draft_kind]), **settings)
     results = []
     for batch in tqdm(batches, desc="batch sizes"):
         prompts = [bench.prompt_ids(i) for i in range(batch)]
@@ -82,9 +84,10 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
                 k = int(s["method"][2:])
                 s["predicted"] = expected_tokens(s["acceptance"], k) / (k * costs["draft_s"] / t1 + costs["target_s"][k + 1] / t1)
         results.append(dict(batch=batch, costs=costs, runs=runs, summary=summary))
-    data = dict(machine=machine(), settings=dict(batches=batches, lengths=lengths, temperatures=temperatures,
+    data = dict(machine=machine(), settings=dict(draft=draft_kind, batches=batches, lengths=lengths, temperatures=temperatures,
                                                  max_new_tokens=max_new_tokens, repeats=repeats),
                 results=results, crossover=crossover(results, temperatures))
+    out_name = out_name or f"batch_{draft_kind}"
     write_results(out_name, data, table(data))
     plot(data, out_name)
     return data

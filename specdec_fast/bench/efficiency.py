@@ -46,13 +46,13 @@ class EfficiencyBenchmark:
     temperatures: Sequence[float] = (0.0, 1.0)
 
     @classmethod
-    def default(cls, num_prompts: int | None, draft: str = "token", **settings) -> "EfficiencyBenchmark":
+    def default(cls, num_prompts: int | None, draft: str = "token", models: bool = False, **settings) -> "EfficiencyBenchmark":
         """The SmolLM2 pair with the shipped ``draft`` (:func:`~specdec_fast.smollm2.load_pair`: "token",
-        transformers models; "feature", bound CachedLMs) and an evenly spaced subset of the held-out
-        prompts (every kind of prompt stays in)."""
+        transformers models; "feature", bound CachedLMs, or the models if ``models``) and an evenly
+        spaced subset of the held-out prompts (every kind of prompt stays in)."""
         from ..smollm2 import load_pair
 
-        target, draft, tokenizer = load_pair(draft)
+        target, draft, tokenizer = load_pair(draft, models)
         prompts = heldout_prompts()
         if num_prompts:
             prompts = prompts[:: -(-len(prompts) // num_prompts)]
