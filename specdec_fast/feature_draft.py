@@ -237,9 +237,9 @@ class BatchedFeatureDraft(BatchedLM):
 
     @torch.inference_mode()
     def extend(self, tokens: Tensor, fed: Tensor, num_logits: int) -> Tensor:
-        before = self.lengths
-        inputs = self._append(fed.to(self.device))
-        prev, own = self._previous_features(inputs["position_ids"], fed.to(self.device))
+        fed, before = fed.to(self.device), self.lengths
+        inputs = self._append(fed)
+        prev, own = self._previous_features(inputs["position_ids"], fed)
         feats = self.draft.features(tokens.to(self.device), prev, **inputs)
         self.true_lengths = torch.where(~own & (self.true_lengths == before), self.lengths, self.true_lengths)
         self.last_feature = feats[:, -1]

@@ -129,6 +129,18 @@ def test_cost_aware_policy_stops_drafting_when_the_batch_makes_passes_dear():
     assert policy.token_acceptance > 0.5
 
 
+def test_cost_aware_policy_times_the_plain_pass_again_while_drafting_pays():
+    """Where drafting pays round after round, every (probe_every + 1)-th round drafts nothing, so
+    the plain pass is timed right after a drafting one and the cost model sees their ratio move."""
+    costs = CostModel({1: 0.001}, {1: 0.1, 2: 0.1, 4: 0.1, 8: 0.1, 16: 0.1, 32: 0.1})
+    policy = CostAwarePolicy(AcceptancePredictor(), costs, probe_every=3)
+    assert policy.begin_round(50, rows=2) == 0
+    policy.observe(0, 0.0, 0.0, 0.1, rows=2)
+    assert policy.begin_round(50, rows=2) == 1
+    policy.observe(1, 1.0, 0.002, 0.1, rows=2)
+    assert [policy.begin_round(50, rows=2) > 0 for _ in range(8)] == [True, True, True, False] * 2
+
+
 def test_cost_aware_policy_never_probes_where_drafting_cannot_pay():
     """The priors (one sequence, up to 10 tokens) say a pass costs the same at any size; the first
     round at 16 rows measures a 1-token pass at 0.12 s, so the priors scaled to it say a 2-token
