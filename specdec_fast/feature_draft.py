@@ -188,10 +188,6 @@ class BatchedFeatureTarget(BatchedLM):
         self.features = torch.cat([self.features, hidden.float()], 1)
         return self.model.lm_head(hidden[:, -num_logits:])
 
-    def row_features(self, row: int) -> Tensor:
-        """[L, d]: the features of row ``row``'s cached tokens, in sequence order."""
-        return self.features[row][self.valid[row]]
-
     def keep(self, lengths: Tensor) -> None:
         super().keep(lengths)
         self.features = self.features[:, : self.valid.shape[1]]
@@ -220,18 +216,21 @@ class BatchedFeatureDraft(BatchedLM):
         [B] bool: the row used its own last feature."""
         prev = torch.zeros(*fed.shape, self.target.features.shape[-1], device=self.device)
         own = torch.zeros(len(fed), dtype=torch.bool, device=self.device)
+        known = self.target.lengths.tolist()  # positions whose target feature exists, per row
         for row in range(len(fed)):
-            wanted = positions[row][fed[row]] - 1
+            columns = fed[row].nonzero()[:, 0]
+            wanted = positions[row, columns] - 1
             if not len(wanted):
                 continue
-            known = self.target.row_features(row)
-            if int(wanted[-1]) < len(known):  # position -1 (before the first token) reads zeros
-                prev[row, fed[row]] = torch.cat([known.new_zeros(1, known.shape[1]), known])[wanted + 1]
+            if int(wanted[-1]) < known[row]:
+                after_start = wanted >= 0  # position -1 (before the first token) keeps zeros
+                slots = self.target.valid[row].nonzero()[:, 0]  # the slot of each cached position
+                prev[row, columns[after_start]] = self.target.features[row, slots[wanted[after_start]]]
             elif len(wanted) == 1 and self.last_feature is not None:
-                prev[row, fed[row]] = self.last_feature[row]
+                prev[row, columns] = self.last_feature[row]
                 own[row] = True
             else:
-                raise ValueError(f"row {row}: the target's features of positions {len(known)}..{int(wanted[-1])} are "
+                raise ValueError(f"row {row}: the target's features of positions {known[row]}..{int(wanted[-1])} are "
                                  "not known: feed the draft one token at a time beyond the target's cache")
         return prev, own
 
