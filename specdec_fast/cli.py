@@ -210,6 +210,13 @@ def _quant_bench(args) -> int:
     return 0
 
 
+def _draft_bench(args) -> int:
+    from .bench import drafts
+
+    print(drafts.table(drafts.run(args.drafts, args.prompts, args.temperatures, args.k, args.max_new_tokens, args.out_name)))
+    return 0
+
+
 def _soak(args) -> int:
     from .bench import soak
 
@@ -341,6 +348,18 @@ def main(argv: list[str] | None = None) -> int:
     qb.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     qb.add_argument("--max-new-tokens", type=int, default=64)
     qb.set_defaults(run=_quant_bench)
+
+    db = commands.add_parser("draft-bench", parents=[common],
+                             help="feature-draft files side by side on the held-out prompts: teacher-forced top-1 "
+                                  "agreement, acceptance by position in the loop (benchmarks/drafts.py)")
+    db.add_argument("drafts", nargs="+", help="feature-draft files (the shipped one is specdec_fast/data/"
+                                              "smollm2_feature_draft.safetensors)")
+    db.add_argument("--prompts", type=int, default=None, help="an evenly spaced subset of N held-out prompts (default: all 34)")
+    db.add_argument("-k", type=int, default=2, help="fixed draft length in the loop")
+    db.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    db.add_argument("--max-new-tokens", type=int, default=128)
+    db.add_argument("--out-name", default="drafts", help="results file name under benchmarks/results")
+    db.set_defaults(run=_draft_bench)
 
     so = commands.add_parser("soak", parents=[common], help="rounds of fast_generate and batch_generate with RSS readings (benchmarks/soak.py)")
     so.add_argument("--rounds", type=int, default=1000)
