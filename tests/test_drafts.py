@@ -144,7 +144,7 @@ def test_corpus_prompts_are_excerpts_in_task_templates(monkeypatch, tmp_path):
     assert distill._generation_groups(tmp_path, 10, 1, 16) == [(True, [(0, 0)])]
 
 
-class CharTokenizer:
+class TemplateCharTokenizer:
     """Characters as token ids (ord + 10; 1 = EOS) around a two-marker chat template."""
 
     eos_token_id = 1
@@ -167,7 +167,7 @@ class ScriptedWriter:
         self.script, self.calls = list(script), []
 
     def generate(self, prefix, **kwargs):
-        self.calls.append((CharTokenizer().decode(prefix[0].tolist()), torch.initial_seed()))
+        self.calls.append((TemplateCharTokenizer().decode(prefix[0].tolist()), torch.initial_seed()))
         rows = [[ord(c) + 10 for c in text] + ([] if text.endswith("...") else [1]) for text in self.script.pop(0)]
         width = max(map(len, rows))
         return torch.cat([prefix[: len(rows)], torch.tensor([row + [0] * (width - len(row)) for row in rows])], 1)
@@ -186,10 +186,10 @@ def test_self_prompts_keep_closed_new_ascii_requests_and_resume(tmp_path):
               [" can you EXPLAIN how rainbows   form?", kept[1], policy_prompts()[3], "x" * 501],
               ["Give me three facts about the moon, please."]]
     writer = ScriptedWriter(script)
-    assert distill.self_prompts(writer, CharTokenizer(), tmp_path, count=2, batch=5) == kept
+    assert distill.self_prompts(writer, TemplateCharTokenizer(), tmp_path, count=2, batch=5) == kept
     assert [c[0] for c in writer.calls] == ["<u>", "<u>"] and [c[1] for c in writer.calls] == [0, 1]
-    assert distill.self_prompts(ScriptedWriter([]), CharTokenizer(), tmp_path, count=2) == kept
-    assert distill.self_prompts(writer, CharTokenizer(), tmp_path, count=3)[2] == script[2][0]
+    assert distill.self_prompts(ScriptedWriter([]), TemplateCharTokenizer(), tmp_path, count=2) == kept
+    assert distill.self_prompts(writer, TemplateCharTokenizer(), tmp_path, count=3)[2] == script[2][0]
     assert writer.calls[-1][1] == 2
 
 
