@@ -1,4 +1,5 @@
-"""Feature-draft files side by side on the held-out prompts: teacher-forced top-1 agreement, acceptance by position.
+"""Feature-draft files side by side on the held-out prompts: cost c, teacher-forced top-1 / top-3 agreement,
+acceptance by position.
 
     python benchmarks/drafts.py OLD.safetensors NEW.safetensors [--prompts 34] [-k 2] [--threads 2]
 

@@ -145,7 +145,7 @@ def _train_draft(args) -> int:
     if args.kind == "token":
         distill.collect_corpus(collector, tokenizer, work, chunks=corpus_chunks)
         torch.manual_seed(0)
-        info = distill.train(target, work, out, args.layers, args.vocab, fit)
+        info = distill.train(target, work, out, args.layers or 2, args.vocab, fit)
         pair = target, load_small_draft(target, out)
     else:
         distill.collect_features(collector, work)
@@ -153,7 +153,7 @@ def _train_draft(args) -> int:
             distill.collect_corpus(collector, tokenizer, work, distill.CORPORA, corpus_chunks, distill.FEATURE_CHUNK, features=True)
         torch.manual_seed(0)
         init = Path(args.init) if args.init else None
-        info = distill.train_feature(target, work, out, args.vocab, fit, init, command)
+        info = distill.train_feature(target, work, out, args.vocab, fit, init, command, args.layers)
         pair = feature_pair(target, load_feature_draft(target, out))
     acceptance = distill.heldout_acceptance(*pair, tokenizer, args.eval_tokens)
     card = out.with_suffix(".md")
@@ -275,10 +275,12 @@ def main(argv: list[str] | None = None) -> int:
 
     train = commands.add_parser("train-draft", parents=[common], help="distil the draft for SmolLM2-135M-Instruct (resumable)")
     train.add_argument("--kind", choices=DRAFT_KINDS, default="feature",
-                       help="feature: one layer on the target's hidden states (EAGLE-like); token: a small LM on tokens")
+                       help="feature: a decoder layer or two on the target's hidden states (EAGLE-like); token: a small LM on tokens")
     train.add_argument("--out", help="the draft file (default: the shipped one of its kind, in specdec_fast/data)")
     train.add_argument("--work", help="folder for collected data and checkpoints (default: the user cache)")
-    train.add_argument("--layers", type=int, default=2, help="decoder layers of a token draft")
+    train.add_argument("--layers", type=int, default=None,
+                       help="decoder layers of the draft (token: default 2; feature: default 1, or --init's count; "
+                            "layers beyond --init's start as zero additions to its output)")
     train.add_argument("--vocab", type=int, default=8192, help="tokens the draft may propose")
     train.add_argument("--epochs", type=int, default=3)
     train.add_argument("--batch", type=int, default=16)
@@ -350,8 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     qb.set_defaults(run=_quant_bench)
 
     db = commands.add_parser("draft-bench", parents=[common],
-                             help="feature-draft files side by side on the held-out prompts: teacher-forced top-1 "
-                                  "agreement, acceptance by position in the loop (benchmarks/drafts.py)")
+                             help="feature-draft files side by side on the held-out prompts: cost c, teacher-forced "
+                                  "top-1 / top-3 agreement, acceptance by position in the loop (benchmarks/drafts.py)")
     db.add_argument("drafts", nargs="+", help="feature-draft files (the shipped one is specdec_fast/data/"
                                               "smollm2_feature_draft.safetensors)")
     db.add_argument("--prompts", type=int, default=None, help="an evenly spaced subset of N held-out prompts (default: all 34)")

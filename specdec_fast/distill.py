@@ -514,21 +514,24 @@ def feature_loss(draft, rows: list[dict], index: torch.Tensor, generator: torch.
 
 
 def train_feature(target, work: Path, out: Path, vocab_size: int, fit: FitConfig, init: Path | None = None,
-                  command: str = "") -> dict:
-    """Fit a :class:`~specdec_fast.feature_draft.FeatureDraft` to the collected features (target
-    responses and corpus chunks); resumable. ``init``: start from that feature draft file (and keep
-    its token subset) instead of from the target's last layer. The file's metadata records
-    ``command`` and, with ``init``, that file's own metadata."""
+                  command: str = "", num_layers: int | None = None) -> dict:
+    """Fit a :class:`~specdec_fast.feature_draft.FeatureDraft` of ``num_layers`` decoder layers
+    (default: one, or as many as ``init``'s) to the collected features (target responses and
+    corpus chunks); resumable. ``init``: start from that feature draft file (and keep its token
+    subset; more layers than it has are added by :func:`~specdec_fast.feature_draft.deepened`)
+    instead of from the target's last layer. The file's metadata records ``command`` and, with
+    ``init``, that file's own metadata."""
     from .drafts import read_draft_file
-    from .feature_draft import FeatureDraft, load_feature_draft, save_feature_draft
+    from .feature_draft import FeatureDraft, deepened, load_feature_draft, save_feature_draft
 
     samples = load_samples(work, ("feat_gen", "feat_corpus"))
     source_layer = target.config.num_hidden_layers - 1
     if init is None:
         vocab_ids, coverage = choose_vocab(samples, vocab_size, target.config.vocab_size)
-        draft = FeatureDraft(target, vocab_ids, source_layer).train()
+        draft = FeatureDraft(target, vocab_ids, source_layer, num_layers or 1).train()
     else:
-        draft = load_feature_draft(target, init).train()
+        draft = load_feature_draft(target, init)
+        draft = deepened(draft, target, num_layers or len(draft.lm.model.layers)).train()
         vocab_ids, vocab_size = draft.lm.lm_head.vocab_ids, len(draft.lm.lm_head.vocab_ids)
         mass = _token_mass(samples, target.config.vocab_size)
         coverage = float(mass[vocab_ids].sum() / mass.sum())
@@ -538,7 +541,7 @@ def train_feature(target, work: Path, out: Path, vocab_size: int, fit: FitConfig
     result = _fit(draft, lambda rows: feature_loss(draft, rows, index, generator), samples,
                   work / "train_feature_state.pt", fit, "train feature draft",
                   lambda rows: feature_loss(draft, rows, index, torch.Generator().manual_seed(0)))
-    info = dict(source_layer=source_layer, command=command, **_data_info(samples, vocab_size, coverage, fit, result))
+    info = dict(source_layer=source_layer, num_layers=len(draft.lm.model.layers), command=command, **_data_info(samples, vocab_size, coverage, fit, result))
     if init is not None:
         info["init"] = {k: json.loads(v) for k, v in read_draft_file(init)[0].items() if k != "kind"}
     save_feature_draft(draft.eval(), out, {k: json.dumps(v) for k, v in info.items()})
@@ -571,7 +574,7 @@ target's input embeddings (shared at load time, not stored) and an LM head restr
 training data (q = 0 elsewhere, which keeps verification lossless).""",
     "feature": """`{file}` (fp16, {size_mb:.1f} MB): a feature-level draft
 (`specdec_fast/feature_draft.py`, in the manner of EAGLE): fc([token embedding, the target's
-previous final hidden state]) -> one decoder layer in the target's architecture (initialised
+previous final hidden state]) -> {num_layers} decoder layer(s) in the target's architecture (initialised
 from target layer {source_layer}) -> the target's final norm -> the target's LM head rows
 (frozen) for the {vocab_size} tokens that carry {coverage:.1%} of the target's output probability
 on the training data (q = 0 elsewhere, which keeps verification lossless). The target's

@@ -2,7 +2,7 @@
 hidden states, so one small layer can predict what thirty layers compute.
 
 The draft's input at position j is ``fc([embed(x_j), h_{j-1}])``, where h_{j-1} is the
-target's final (normed) hidden state at position j - 1; one decoder layer and a final norm
+target's final (normed) hidden state at position j - 1; one decoder layer (or a few) and a final norm
 turn it into a predicted feature f_j, and the target's LM head rows over a token subset
 (:class:`~specdec_fast.drafts.RestrictedHead`) turn f_j into the draft's logits for x_{j+1}.
 While drafting, the target has not seen the drafted tokens yet, so the draft feeds its
@@ -31,17 +31,17 @@ FEATURE_DRAFT_FILE = "smollm2_feature_draft.safetensors"
 
 
 class FeatureDraft(nn.Module):
-    """fc [2d -> d] + one decoder layer in the target's architecture (initialised from target
-    layer ``source_layer``) + the target's final norm + a frozen :class:`RestrictedHead` over
-    ``vocab_ids``; the token embeddings are the target's (shared).
+    """fc [2d -> d] + ``num_layers`` decoder layers in the target's architecture (each initialised
+    from target layer ``source_layer``) + the target's final norm + a frozen :class:`RestrictedHead`
+    over ``vocab_ids``; the token embeddings are the target's (shared).
 
-    ``lm`` is a regular one-layer transformers causal LM whose ``model`` runs on
-    ``inputs_embeds`` (so its cache, masks and rotary positions are transformers' own).
+    ``lm`` is a regular transformers causal LM whose ``model`` runs on ``inputs_embeds`` (so its
+    cache, masks and rotary positions are transformers' own).
     """
 
-    def __init__(self, target: nn.Module, vocab_ids: Tensor, source_layer: int):
+    def __init__(self, target: nn.Module, vocab_ids: Tensor, source_layer: int, num_layers: int = 1):
         super().__init__()
-        self.lm = build_small_draft(target, [source_layer], vocab_ids)
+        self.lm = build_small_draft(target, [source_layer] * num_layers, vocab_ids)
         self.lm.lm_head.weight.requires_grad_(False)
         d = target.config.hidden_size
         self.fc = nn.Linear(2 * d, d, bias=False, dtype=target.dtype)
@@ -264,15 +264,34 @@ def feature_pair(target: nn.Module, draft: FeatureDraft) -> tuple[FeatureTargetL
     return target_lm, FeatureDraftLM(draft, target_lm)
 
 
+def deepened(draft: FeatureDraft, target: nn.Module, num_layers: int) -> FeatureDraft:
+    """A copy of ``draft`` with ``num_layers`` decoder layers: its own, then new ones initialised
+    from the target's layer ``draft.source_layer`` with their output projections (attention
+    and MLP) zeroed, so each new layer adds nothing to the residual stream and the copy computes
+    exactly what ``draft`` computes until training moves them."""
+    own = len(draft.lm.model.layers)
+    if num_layers < own:
+        raise ValueError(f"cannot deepen a {own}-layer draft to {num_layers} layers")
+    deeper = FeatureDraft(target, draft.lm.lm_head.vocab_ids, draft.source_layer, num_layers)
+    deeper.load_state_dict(draft.state_dict(), strict=False)  # the new layers keep their initialisation
+    with torch.no_grad():
+        for layer in deeper.lm.model.layers[own:]:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return deeper.train(draft.training)
+
+
 def save_feature_draft(draft: FeatureDraft, path, metadata: dict[str, str]) -> None:
     """Write the draft's own weights (fp16; not the shared embeddings) and ``metadata``."""
-    save_draft_weights(draft, path, {"kind": "feature", "source_layer": str(draft.source_layer), **metadata})
+    save_draft_weights(draft, path, {"kind": "feature", "source_layer": str(draft.source_layer),
+                                     "num_layers": str(len(draft.lm.model.layers)), **metadata})
 
 
 def load_feature_draft(target: nn.Module, path) -> FeatureDraft:
     """Rebuild a draft saved by :func:`save_feature_draft` around ``target``."""
     metadata, state = read_draft_file(path)
-    draft = FeatureDraft(target, state["lm.lm_head.vocab_ids"], int(metadata["source_layer"]))
+    draft = FeatureDraft(target, state["lm.lm_head.vocab_ids"], int(metadata["source_layer"]),
+                         int(metadata.get("num_layers", 1)))  # files before 2026-12-06 hold one layer
     return load_draft_weights(draft, state, path)
 
 

@@ -131,9 +131,10 @@ def test_batch_crossover_is_the_smallest_batch_where_speculation_loses():
 
 
 def test_draft_bench_step_one_agreement_is_the_loops_first_draft():
-    """top1_agreement's step 1 counts, over answer positions, the draft's first-draft argmax as the
-    loop's bound pair computes it from the target's true features, against the target's argmax."""
-    from specdec_fast.bench.drafts import greedy_answers, top1_agreement
+    """agreement's top-1 at step 1 counts, over answer positions, the draft's first-draft argmax as
+    the loop's bound pair computes it from the target's true features, against the target's argmax;
+    its top-8 over an 8-token subset counts the positions whose target argmax is in the subset."""
+    from specdec_fast.bench.drafts import agreement, greedy_answers
     from specdec_fast.feature_draft import FeatureDraft, feature_pair
 
     target = tiny_llama(7, vocab=16, layers=3)
@@ -141,14 +142,16 @@ def test_draft_bench_step_one_agreement_is_the_loops_first_draft():
     draft = FeatureDraft(target, torch.tensor([0, 2, 3, 5, 7, 8, 11, 13]), source_layer=1).eval()
     answers = greedy_answers(target, [[3, 1, 4, 1], [5, 9, 2]], max_new_tokens=12)
     assert [len(ids) - start for start, ids in answers] == [12, 12]
-    hits = total = 0
+    hits = in_subset = total = 0
     with torch.no_grad():
         for start, ids in answers:
             t, d = feature_pair(target, draft)
             want = t.extend(ids, len(ids)).argmax(-1)
             got = d.extend(ids, len(ids)).argmax(-1)
             hits += int((got == want)[start:-1].sum())
+            in_subset += int(torch.isin(want, draft.lm.lm_head.vocab_ids)[start:-1].sum())
             total += len(ids) - 1 - start
-    agreement = top1_agreement(target, draft, answers, steps=2)
-    assert len(agreement) == 2 and 0 < hits < total
-    assert agreement[0] == pytest.approx(hits / total)
+    result = agreement(target, draft, answers, steps=2, tops=(1, 8))
+    assert len(result[1]) == 2 and 0 < hits < in_subset < total
+    assert result[1][0] == pytest.approx(hits / total)
+    assert result[8] == [pytest.approx(in_subset / total)] * 2

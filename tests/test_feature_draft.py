@@ -9,7 +9,7 @@ import torch
 
 from specdec_fast import HFCachedLM, fast_generate
 from specdec_fast.cached_lm import cache_argument
-from specdec_fast.feature_draft import FeatureDraft, feature_pair, load_feature_draft, save_feature_draft
+from specdec_fast.feature_draft import FeatureDraft, deepened, feature_pair, load_feature_draft, save_feature_draft
 from specdec_fast.linear import use_int8_weights
 
 from conftest import tiny_llama
@@ -17,11 +17,11 @@ from distribution import chi_square, sequence_counts
 from test_generate import PROMPT, exact_joint
 
 
-def feature_draft(target, vocab_ids=None, seed: int = 5) -> FeatureDraft:
+def feature_draft(target, vocab_ids=None, seed: int = 5, num_layers: int = 1) -> FeatureDraft:
     """A feature draft with random (untrained) fc weights, so that it disagrees with the target."""
     vocab_ids = torch.arange(target.config.vocab_size) if vocab_ids is None else vocab_ids
     torch.manual_seed(seed)
-    draft = FeatureDraft(target, vocab_ids, source_layer=1)
+    draft = FeatureDraft(target, vocab_ids, source_layer=1, num_layers=num_layers)
     with torch.no_grad():
         draft.fc.weight.normal_(0, 0.3)
     return draft.eval()
@@ -65,11 +65,12 @@ def test_int8_feature_draft_stays_close_to_fp32():
     assert 0 < (after - before).abs().max() < 0.05 * before.abs().max()
 
 
-def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair):
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair, num_layers):
     """After a generation with rejections, the draft's next-token logits equal the draft run
     from scratch on the committed tokens with the target's features of all of them."""
     target, _ = tiny_pair
-    draft = feature_draft(target)
+    draft = feature_draft(target, num_layers=num_layers)
     t, d = feature_pair(target, draft)
     out = fast_generate(t, d, PROMPT, max_new_tokens=12, num_draft_tokens=3, seed=0, eos_token_id=())
     assert out.stats.accepted < out.stats.drafted  # there were rejections
@@ -98,11 +99,12 @@ def _loop_step_features(draft, ids: torch.Tensor, prev: torch.Tensor, first: int
     return out
 
 
-def test_unrolled_features_equal_the_loops_steps():
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_unrolled_features_equal_the_loops_steps(num_layers):
     """unrolled_features (one masked pass per step, right-padded batch) gives at every position
     what the loop computes for step j there: true features in the cache, own features after."""
     target = tiny_llama(7, vocab=16, layers=3)
-    draft = feature_draft(target)
+    draft = feature_draft(target, num_layers=num_layers)
     d, lengths = target.config.hidden_size, (11, 8)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 16, (2, 11), generator=g)
@@ -130,9 +132,10 @@ def test_feature_target_logits_equal_plain_adapter(tiny_pair):
     assert t.cache_length == 5
 
 
-def test_feature_draft_save_load_round_trip(tmp_path):
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_feature_draft_save_load_round_trip(tmp_path, num_layers):
     target = tiny_llama(3, vocab=16, layers=3)
-    draft = feature_draft(target, torch.arange(0, 16, 2))
+    draft = feature_draft(target, torch.arange(0, 16, 2), num_layers=num_layers)
     path = tmp_path / "feature.safetensors"
     save_feature_draft(draft, path, {"note": "test"})
     loaded = load_feature_draft(target, path)
@@ -140,6 +143,22 @@ def test_feature_draft_save_load_round_trip(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(draft.features(ids, prev), loaded.features(ids, prev), rtol=1e-2, atol=1e-2)
     assert loaded.lm.model.embed_tokens is target.get_input_embeddings()
+    assert len(loaded.lm.model.layers) == num_layers
+
+
+def test_deepened_draft_computes_what_the_draft_computes():
+    """deepened adds layers that add nothing until trained: the same features (exactly), one
+    more layer's parameters to train, and no shrinking."""
+    target = tiny_llama(3, vocab=16, layers=3)
+    draft = feature_draft(target)
+    deeper = deepened(draft, target, 3)
+    ids, prev = torch.tensor([PROMPT]), torch.randn(1, len(PROMPT), target.config.hidden_size)
+    with torch.no_grad():
+        assert torch.equal(deeper.features(ids, prev), draft.features(ids, prev))
+    assert len(deeper.lm.model.layers) == 3
+    assert not torch.equal(deeper.lm.model.layers[2].mlp.up_proj.weight, torch.zeros_like(deeper.lm.model.layers[2].mlp.up_proj.weight))
+    with pytest.raises(ValueError, match="cannot deepen a 3-layer draft to 2"):
+        deepened(deeper, target, 2)
 
 
 def test_draft_beyond_target_features_is_an_error(tiny_pair):
@@ -191,7 +210,8 @@ class ByteTokenizer:
 def test_corpus_features_and_a_warm_start(tmp_path, monkeypatch):
     """collect_corpus(features=True) stores what collect_features computes for the same ids
     (final hidden states, top-k of the next token at every position); train_feature(init=...)
-    starts from that draft, keeps its token subset, records its metadata, and lowers its loss."""
+    starts from that draft (with a layer added), keeps its token subset, records its metadata,
+    and lowers its loss."""
     from specdec_fast import distill
 
     target = tiny_llama(8, vocab=64, layers=2)
@@ -213,9 +233,11 @@ def test_corpus_features_and_a_warm_start(tmp_path, monkeypatch):
     save_feature_draft(first, tmp_path / "init.safetensors", {"command": '"stage one"', "steps": "7", "label_positions": "9"})
     info = distill.train_feature(target, tmp_path, tmp_path / "f.safetensors", vocab_size=48,
                                  fit=distill.FitConfig(epochs=10, batch=4, lr=3e-3),
-                                 init=tmp_path / "init.safetensors", command="stage two")
+                                 init=tmp_path / "init.safetensors", command="stage two", num_layers=2)
     assert info["vocab_size"] == 32 and info["init"]["command"] == "stage one" and info["command"] == "stage two"
     trained = load_feature_draft(target, tmp_path / "f.safetensors")
+    assert info["num_layers"] == 2 and len(trained.lm.model.layers) == 2
+    assert trained.lm.model.layers[1].mlp.down_proj.weight.abs().sum() > 0  # the added layer was trained
     assert torch.equal(trained.lm.lm_head.vocab_ids, torch.arange(0, 64, 2))
     index = distill._restricted_index(trained.lm.lm_head.vocab_ids, 64)
     with torch.no_grad():

@@ -1,9 +1,10 @@
 """Feature drafts compared on the held-out prompts (``benchmarks/drafts.py``, ``specdec-fast draft-bench``).
 
 What decides whether a newly trained draft ships: paired measures of two or more feature-draft
-files on the same target and prompts. (1) Teacher-forced on the target's greedy answers, the
-fraction of answer positions where each unrolled drafting step's top-1 token (over the draft's
-token subset) is the target's top-1 (:meth:`FeatureDraft.unrolled_features`, tested equal to the
+files on the same target and prompts. (0) The draft's cost c (one-token pass over the target's).
+(1) Teacher-forced on the target's greedy answers, the fraction of answer positions where the
+target's top-1 is each unrolled drafting step's top-1 token (over the draft's token subset), or
+among its top 3 (:meth:`FeatureDraft.unrolled_features`, tested equal to the
 loop's steps). (2) ``fast_generate`` at a fixed draft length, the same seeds for every draft:
 per-position acceptance pooled over prompts (accepted / drafted at each position) and tokens per
 round. Counts are pooled rather than medians: the differences sought are a few per cent.
@@ -18,6 +19,7 @@ from ..feature_draft import FeatureDraft, feature_pair, load_feature_draft
 from ..generate import fast_generate
 from ..smollm2 import use_fast_passes
 from .common import machine, markdown_table, write_results
+from .e2e import step_costs
 from .efficiency import EfficiencyBenchmark
 
 
@@ -34,12 +36,14 @@ def greedy_answers(target, prompts: list[list[int]], max_new_tokens: int) -> lis
 
 
 @torch.inference_mode()
-def top1_agreement(target, draft: FeatureDraft, answers: list[tuple[int, torch.Tensor]], steps: int = 2) -> list[float]:
-    """Per drafting step j = 1..steps, the fraction of answer positions t (prompt length <= t < L - 1)
-    where the draft's step-j top-1 for token t + 1 equals the target's top-1 there, teacher-forced
-    on ``answers`` (from :func:`greedy_answers`)."""
+def agreement(target, draft: FeatureDraft, answers: list[tuple[int, torch.Tensor]], steps: int = 2,
+              tops: tuple[int, ...] = (1, 3)) -> dict[int, list[float]]:
+    """{n: per drafting step j = 1..steps, the fraction of answer positions t (prompt length <= t < L - 1)
+    where the target's top-1 token for t + 1 is among the draft's step-j top-n (over its token subset)},
+    teacher-forced on ``answers`` (from :func:`greedy_answers`). Top-1 is what a chain of drafts
+    can accept at T = 0; top-n bounds what n candidates per position (a tree) could."""
     vocab_ids = draft.lm.lm_head.vocab_ids
-    hits, total = [0] * steps, 0
+    hits, total = {n: [0] * steps for n in tops}, 0
     for start, ids in answers:
         out = target(ids[None], output_hidden_states=True)
         h, want = out.hidden_states[-1], out.logits[0].argmax(-1)
@@ -47,9 +51,11 @@ def top1_agreement(target, draft: FeatureDraft, answers: list[tuple[int, torch.T
         positions = torch.arange(start, len(ids) - 1)
         total += len(positions)
         for j, features in enumerate(draft.unrolled_features(ids[None], prev, steps)):
-            top1 = vocab_ids[draft.lm.lm_head.restricted(features[0, positions]).argmax(-1)]
-            hits[j] += int((top1 == want[positions]).sum())
-    return [h / max(total, 1) for h in hits]
+            logits = draft.lm.lm_head.restricted(features[0, positions])
+            for n in tops:
+                top = vocab_ids[logits.topk(min(n, logits.shape[-1]), -1).indices]
+                hits[n][j] += int((top == want[positions, None]).any(-1).sum())
+    return {n: [h / max(total, 1) for h in per_step] for n, per_step in hits.items()}
 
 
 def loop_acceptance(target, draft: FeatureDraft, prompts: list[list[int]], k: int, temperature: float,
@@ -76,7 +82,9 @@ def run(paths: list[str], num_prompts: int | None, temperatures: list[float], k:
     rows = []
     for path in tqdm(paths, desc="drafts"):
         draft = use_fast_passes(load_feature_draft(target, path).eval())
-        row = dict(draft=path, top1=top1_agreement(target, draft, answers, steps=2))
+        longest = max(answers, key=lambda a: len(a[1]))[1].tolist()
+        row = dict(draft=path, layers=len(draft.lm.model.layers), c=step_costs(*feature_pair(target, draft), longest, 1)["c"])
+        row["agreement"] = {str(n): v for n, v in agreement(target, draft, answers, steps=2).items()}
         row["loop"] = {str(t): loop_acceptance(target, draft, prompts, k, t, max_new_tokens) for t in temperatures}
         rows.append(row)
     data = dict(machine=machine(), settings=dict(prompts=len(prompts), k=k, temperatures=temperatures,
@@ -89,11 +97,12 @@ def run(paths: list[str], num_prompts: int | None, temperatures: list[float], k:
 
 def table(data: dict) -> str:
     s = data["settings"]
-    headers = ["draft", "top-1 step 1", "top-1 step 2"] + [f"T={t} {name}" for t in s["temperatures"]
-                                                           for name in ("acceptance by position", "tokens/round")]
-    rows = [[r["draft"], f"{r['top1'][0]:.3f}", f"{r['top1'][1]:.3f}"]
+    headers = ["draft", "layers", "c", "top-1 step 1 / 2", "top-3 step 1 / 2"] + [
+        f"T={t} {name}" for t in s["temperatures"] for name in ("acceptance by position", "tokens/round")]
+    rows = [[r["draft"], r["layers"], f"{r['c']:.3f}"] + [" / ".join(f"{a:.3f}" for a in r["agreement"][n]) for n in ("1", "3")]
             + [cell for t in s["temperatures"] for cell in (" ".join(f"{a:.3f}" for a in r["loop"][str(t)]["per_position"]),
                                                            f"{r['loop'][str(t)]['tokens_per_round']:.3f}")] for r in data["drafts"]]
-    return (markdown_table(headers, rows) + f"\n\n{s['prompts']} held-out prompts; top-1 teacher-forced on the target's "
-            f"greedy answers ({s['answer_positions']} positions); the loop at k = {s['k']}, {s['max_new_tokens']} tokens, "
+    return (markdown_table(headers, rows) + f"\n\n{s['prompts']} held-out prompts; c = the draft's one-token pass over the "
+            "target's (median of 15, caches holding the longest answer); top-n = the target's top-1 among the draft's top n, "
+            f"teacher-forced on the target's greedy answers ({s['answer_positions']} positions); the loop at k = {s['k']}, {s['max_new_tokens']} tokens, "
             "acceptance pooled over prompts (accepted / drafted at each position).")
