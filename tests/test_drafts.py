@@ -230,7 +230,7 @@ def test_card_names_every_prompt_set_and_the_validation(tmp_path):
     split chose the epoch, its losses and the epoch kept."""
     from specdec_fast import distill
 
-    info = dict(source_layer=29, vocab_size=8192, coverage=0.95, samples=2816, label_positions=313_402, steps=1680,
+    info = dict(source_layer=29, num_layers=1, vocab_size=8192, coverage=0.95, samples=2816, label_positions=313_402, steps=1680,
                 epochs=5, batch=8, lr=0.003, weight_decay=0.0, validate_every=20, validation=[2.5, 2.25, 2.375],
                 best_epoch=2, responses={"templates": 3, "corpus": 3, "self": 1},
                 prompts={"templates": 1616, "corpus": 1200, "self": 2000}, corpus_chunks=0, command="c")
@@ -239,6 +239,7 @@ def test_card_names_every_prompt_set_and_the_validation(tmp_path):
     assert "to 1616 templated training prompts (`specdec_fast/prompts.py`), 3 each" in card
     assert "and to 1200 prompts built from excerpts" in card and "and to 2000 user requests written by the target" in card
     assert "313,402" in card and "every 20th collected sequence" in card
+    assert "-> 1 decoder layer(s) in the target's architecture" in card
     assert "2.500, 2.250, 2.375; the weights of epoch 2 kept" in card
     assert "T=0 0.200, T=1 0.250" in card
     assert "Initialised" not in card and "Reproduce: `c`" in card
@@ -250,7 +251,7 @@ def test_card_reproduces_a_chain_of_warm_starts(tmp_path):
 
     first = dict(command="one", label_positions="9", steps=7)
     second = dict(command="two", label_positions="9", steps=8, init=first)
-    info = dict(source_layer=29, vocab_size=8192, coverage=0.95, samples=2816, label_positions=9, steps=6, epochs=1,
+    info = dict(source_layer=29, num_layers=1, vocab_size=8192, coverage=0.95, samples=2816, label_positions=9, steps=6, epochs=1,
                 batch=8, lr=0.003, weight_decay=0.0, responses={"templates": 1}, prompts={"templates": 16}, corpus_chunks=0, init=second)
     distill.write_card(tmp_path / "card.md", "feature", "f.safetensors", info, {"T=0": 0.2, "T=1": 0.25}, 64, 17.9, "three")
     card = (tmp_path / "card.md").read_text()
