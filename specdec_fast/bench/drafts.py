@@ -79,10 +79,10 @@ def run(paths: list[str], num_prompts: int | None, temperatures: list[float], k:
     target = bench.target
     prompts = [bench.prompt_ids(i) for i in range(len(bench.prompts))]
     answers = greedy_answers(target, prompts, max_new_tokens)
+    longest = max(answers, key=lambda a: len(a[1]))[1].tolist()  # the caches c is timed with
     rows = []
     for path in tqdm(paths, desc="drafts"):
         draft = use_fast_passes(load_feature_draft(target, path).eval())
-        longest = max(answers, key=lambda a: len(a[1]))[1].tolist()
         row = dict(draft=path, layers=len(draft.lm.model.layers), c=step_costs(*feature_pair(target, draft), longest, 1)["c"])
         row["agreement"] = {str(n): v for n, v in agreement(target, draft, answers, steps=2).items()}
         row["loop"] = {str(t): loop_acceptance(target, draft, prompts, k, t, max_new_tokens) for t in temperatures}
