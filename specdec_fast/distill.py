@@ -16,6 +16,7 @@ cheap and verification lossless.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import itertools
@@ -361,10 +362,12 @@ def mean_loss(loss_fn, samples: list[dict], batch: int) -> float:
 
 
 def _fit(model: torch.nn.Module, loss_fn, samples: list[dict], checkpoint: Path, fit: FitConfig, desc: str,
-         validation_loss: Callable | None = None) -> dict:
+         run: dict, validation_loss: Callable | None = None) -> dict:
     """AdamW (warm-up, cosine decay) on ``loss_fn(rows)`` over shuffled batches of the training
     part of ``samples``; checkpoints ``model``'s own weights every 50 steps and resumes from
-    ``checkpoint``. With ``fit.validate_every``, ``validation_loss(rows)`` (default ``loss_fn``)
+    ``checkpoint`` if it belongs to the same run (the same ``run``, a dict saying what the model
+    is, ``fit`` and number of samples; another run's checkpoint is an error, never silently
+    resumed). With ``fit.validate_every``, ``validation_loss(rows)`` (default ``loss_fn``)
     is averaged over the held-back samples after every epoch and the model ends with the
     weights of the epoch that scored lowest.
     Returns dict(steps, validation: [loss per epoch], best_epoch: 1-based or None)."""
@@ -376,8 +379,14 @@ def _fit(model: torch.nn.Module, loss_fn, samples: list[dict], checkpoint: Path,
     total = epochs * steps_per_epoch
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0))))
     step, scores, best = 0, [], None
+    run = dict(run, **asdict(fit), samples=len(samples) + len(validation))
     if checkpoint.exists():
         state = torch.load(checkpoint)
+        if state.get("run") != run:
+            other = state.get("run") or {}
+            differ = {key: (other.get(key), run.get(key)) for key in run.keys() | other.keys() if other.get(key) != run.get(key)}
+            raise ValueError(f"{checkpoint} holds another run's training state (saved vs this run: {differ}); "
+                             "delete it to train this run from the start, or repeat that run's command to resume it")
         model.load_state_dict(state["draft"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
@@ -387,7 +396,7 @@ def _fit(model: torch.nn.Module, loss_fn, samples: list[dict], checkpoint: Path,
 
     def save() -> None:
         torch.save(dict(draft=own_state(model), optimizer=optimizer.state_dict(), schedule=schedule.state_dict(),
-                        step=step, scores=scores, best=best), checkpoint)
+                        step=step, scores=scores, best=best, run=run), checkpoint)
 
     for epoch in range(epochs):
         for i, rows in enumerate(_batches(samples, batch, generator)):
@@ -415,6 +424,11 @@ def _fit(model: torch.nn.Module, loss_fn, samples: list[dict], checkpoint: Path,
     return dict(steps=step, validation=scores, best_epoch=1 + scores.index(min(scores)) if scores else None)
 
 
+def _file_digest(path: Path | None) -> str | None:
+    """sha256 of a file (the first 16 hex digits), None for no file."""
+    return None if path is None else hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
 def _restricted_index(vocab_ids: torch.Tensor, vocab: int) -> torch.Tensor:
     """Full-vocabulary id -> row of a head over ``vocab_ids`` (-1 where there is none)."""
     index = torch.full((vocab,), -1, dtype=torch.int64)
@@ -435,7 +449,8 @@ def train(target, work: Path, out: Path, num_layers: int, vocab_size: int, fit: 
     draft = build_small_draft(target, source_layers, vocab_ids).train()
     draft.model.embed_tokens.weight.requires_grad_(False)
     index = _restricted_index(vocab_ids, target.config.vocab_size)
-    result = _fit(draft, lambda rows: distill_loss(draft, rows, index), samples, work / "train_state.pt", fit, "train draft")
+    result = _fit(draft, lambda rows: distill_loss(draft, rows, index), samples, work / "train_state.pt", fit, "train draft",
+                  dict(num_layers=num_layers, vocab_size=vocab_size))
     info = dict(num_layers=num_layers, source_layers=source_layers, **_data_info(samples, vocab_size, coverage, fit, result))
     save_small_draft(draft.eval(), out, {k: json.dumps(v) for k, v in info.items()})
     return info
@@ -540,7 +555,7 @@ def train_feature(target, work: Path, out: Path, vocab_size: int, fit: FitConfig
     generator = torch.Generator().manual_seed(1)
     result = _fit(draft, lambda rows: feature_loss(draft, rows, index, generator), samples,
                   work / "train_feature_state.pt", fit, "train feature draft",
-                  lambda rows: feature_loss(draft, rows, index, torch.Generator().manual_seed(0)))
+                  dict(num_layers=len(draft.lm.model.layers), vocab_size=vocab_size, init=_file_digest(init)), lambda rows: feature_loss(draft, rows, index, torch.Generator().manual_seed(0)))
     info = dict(source_layer=source_layer, num_layers=len(draft.lm.model.layers), command=command, **_data_info(samples, vocab_size, coverage, fit, result))
     if init is not None:
         info["init"] = {k: json.loads(v) for k, v in read_draft_file(init)[0].items() if k != "kind"}

@@ -216,13 +216,16 @@ def test_fit_keeps_the_epoch_with_the_lowest_validation_loss(tmp_path):
         return torch.tensor(next(scores))
 
     fit = distill.FitConfig(epochs=3, batch=4, lr=0.1, validate_every=5)
-    result = distill._fit(model, loss_fn, samples, tmp_path / "state.pt", fit, "test", validation_loss)
+    result = distill._fit(model, loss_fn, samples, tmp_path / "state.pt", fit, "test", dict(model="linear"), validation_loss)
     assert result == dict(steps=12, validation=[3.0, 1.0, 2.0], best_epoch=2)
     assert not torch.equal(snapshots[1], snapshots[2])
     assert torch.equal(model.weight, snapshots[1])
     model.weight.data.zero_()
-    assert distill._fit(model, loss_fn, samples, tmp_path / "state.pt", fit, "test", validation_loss) == result
+    assert distill._fit(model, loss_fn, samples, tmp_path / "state.pt", fit, "test", dict(model="linear"),
+                        validation_loss) == result
     assert torch.equal(model.weight, snapshots[1])
+    with pytest.raises(ValueError, match=r"another run's training state .*'samples': \(20, 19\)"):
+        distill._fit(model, loss_fn, samples[:19], tmp_path / "state.pt", fit, "test", dict(model="linear"), validation_loss)
 
 
 def test_card_names_every_prompt_set_and_the_validation(tmp_path):
