@@ -3,7 +3,8 @@
 Any model can join the loop by implementing :class:`CachedLM` (four members);
 transformers causal LMs are wrapped by :class:`HFCachedLM`. One object holds the cache
 of one sequence. Rolling back after a rejection is ``crop``: the rejected positions are
-dropped, nothing is recomputed.
+dropped, nothing is recomputed. First-token alternatives (``fast_generate(num_alternatives=)``)
+also need ``extend_siblings`` and ``keep_sibling`` on the target, which :class:`HFCachedLM` has.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
+from .attention import NAME as PACKED_GQA
 
 
 @runtime_checkable
@@ -81,15 +84,47 @@ class HFCachedLM(TransformersLM):
     def reset(self) -> None:
         self.cache = self._new_cache()
 
-    @torch.inference_mode()
     def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
+        return self._forward(tokens, num_logits)
+
+    @torch.inference_mode()
+    def _forward(self, tokens: Tensor, num_logits: int, **mask) -> Tensor:
+        """One pass over ``tokens`` [n] (``mask``: optional attention_mask and position_ids);
+        returns the logits [num_logits, V] of the last ``num_logits`` of them."""
         out = self.model(
             input_ids=tokens.to(self.device)[None],
             use_cache=True,
             logits_to_keep=num_logits,
+            **mask,
             **{self._cache_arg: self.cache},
         )
         return out.logits[0]
+
+    def extend_siblings(self, tokens: Tensor, siblings: Tensor, at: int, num_logits: int) -> Tensor:
+        """Append ``tokens`` [n] as :meth:`extend` does, then ``siblings`` [a]: alternatives to
+        tokens[at], each seeing the cache and tokens[:at] only, at tokens[at]'s position.
+        Returns logits [num_logits + a, V]: the last ``num_logits`` of ``tokens``, then one row
+        per sibling (the token after it). :meth:`keep_sibling` or :meth:`crop` follows."""
+        attention = self.model.config._attn_implementation
+        if attention not in SIBLING_ATTENTION:
+            raise ValueError(f"sibling passes need attention with a 4D mask ({', '.join(sorted(SIBLING_ATTENTION))}); "
+                             f"this model uses {attention!r}")
+        start, n, a = self.cache_length, len(tokens), len(siblings)
+        mask = sibling_mask(start, n, a, at, self.device)
+        # Additive, in the model's dtype: eager attention adds the mask to the scores, sdpa takes either form.
+        dtype = next(self.model.parameters()).dtype
+        mask["attention_mask"] = torch.zeros((), dtype=dtype, device=self.device).masked_fill(
+            ~mask["attention_mask"], torch.finfo(dtype).min)
+        return self._forward(torch.cat([tokens, siblings.to(tokens.device)]), num_logits + a, **mask)
+
+    @torch.inference_mode()
+    def keep_sibling(self, length: int, slot: int) -> None:
+        """Keep the first ``length - 1`` cached tokens and, as the last, the one cached at ``slot``
+        (a sibling that :meth:`extend_siblings` appended at position ``length - 1``)."""
+        for layer in self.cache.layers:
+            layer.keys[:, :, length - 1] = layer.keys[:, :, slot]
+            layer.values[:, :, length - 1] = layer.values[:, :, slot]
+        self.crop(length)
 
     def crop(self, length: int) -> None:
         drop = self.cache_length - length
@@ -97,6 +132,22 @@ class HFCachedLM(TransformersLM):
             raise ValueError(f"cannot crop a cache of {self.cache_length} tokens to {length}")
         if drop:
             self.cache.crop(-drop)
+
+
+SIBLING_ATTENTION = {"eager", "sdpa", PACKED_GQA}  # attention implementations that take a 4D mask
+
+
+def sibling_mask(start: int, n: int, a: int, at: int, device) -> dict[str, Tensor]:
+    """attention_mask [1, 1, n + a, start + n + a] (bool, True = attend) and position_ids [1, n + a]
+    for a pass over n causal tokens after ``start`` cached ones, then ``a`` siblings of token ``at``:
+    sibling j sees the cache, tokens[:at] and itself, at position start + at."""
+    q = n + a
+    mask = torch.ones(q, q, dtype=torch.bool, device=device).tril()
+    mask[n:, at:n] = False
+    mask[n:, n:] = torch.eye(a, dtype=torch.bool, device=device)
+    mask = torch.cat([torch.ones(q, start, dtype=torch.bool, device=device), mask], 1)
+    positions = torch.cat([torch.arange(start, start + n), torch.full((a,), start + at)]).to(device)
+    return dict(attention_mask=mask[None, None], position_ids=positions[None])
 
 
 def as_cached_lm(model) -> CachedLM:

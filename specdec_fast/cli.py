@@ -71,12 +71,12 @@ def _generate(args) -> int:
     from .generate import fast_generate, generate_autoregressive, warmup
 
     target, draft, tokenizer = _load_pair(args)
-    warmup(target, draft)  # the kernels and first-call costs, out of the measured times
+    warmup(target, draft, num_alternatives=args.alternatives)  # the kernels and first-call costs, out of the measured times
     ids = chat_prompt_ids(tokenizer, args.prompt, chat=not args.no_chat)
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if not args.json else None
     out = fast_generate(target, draft, ids, tokenizer=tokenizer, policy=_policy(args), verifier=args.verifier,
-                        streamer=streamer, **sampling)
+                        num_alternatives=args.alternatives, streamer=streamer, **sampling)
     report = {"speculative": out.stats.as_dict(), "text": out.text}
     if not args.json:
         print(f"\n[speculative]   {out.stats.summary()}")
@@ -96,7 +96,8 @@ def _generate(args) -> int:
 def _bench(args) -> int:
     from .bench import e2e
 
-    data = e2e.run(args.prompts, args.lengths, args.feature_lengths, args.temperatures, args.max_new_tokens)
+    data = e2e.run(args.prompts, args.lengths, args.feature_lengths, args.temperatures, args.max_new_tokens,
+                   alternatives=tuple(args.alternatives))
     print(e2e.table(data["summary"], data["costs"]))
     return 0
 
@@ -217,6 +218,14 @@ def _draft_bench(args) -> int:
     return 0
 
 
+def _alternatives_bench(args) -> int:
+    from .bench import alternatives
+
+    print(alternatives.table(alternatives.run(args.prompts, args.lengths, args.alternatives, args.temperatures,
+                                              args.max_new_tokens)))
+    return 0
+
+
 def _soak(args) -> int:
     from .bench import soak
 
@@ -249,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--num-draft-tokens", "-k", type=int, default=None,
                      help="a fixed draft length (default: the learned cost-aware policy of a shipped draft, 4 otherwise)")
     gen.add_argument("--verifier", choices=["token", "block"], default="token")
+    gen.add_argument("--alternatives", type=int, default=0,
+                     help="more candidates for each round's first drafted token, verified in the same target pass")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--baseline", action="store_true", help="also run the target alone and print the speedup")
@@ -261,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--feature-lengths", type=int, nargs="+", default=list(range(1, 9)), help="feature-draft lengths")
     bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--alternatives", type=int, nargs="*", default=[],
+                       help="also the feature-draft lengths with this many first-token alternatives")
     bench.set_defaults(run=_bench)
 
     micro = commands.add_parser("microbench", parents=[common], help="verify-kernel microbenchmark per backend (benchmarks/microbench.py)")
@@ -351,6 +364,14 @@ def main(argv: list[str] | None = None) -> int:
     qb.add_argument("--max-new-tokens", type=int, default=64)
     qb.set_defaults(run=_quant_bench)
 
+    ab = commands.add_parser("alternatives-bench", parents=[common],
+                             help="first-token alternatives against the same loop without them (benchmarks/alternatives.py)")
+    ab.set_defaults(run=_alternatives_bench)
+    ab.add_argument("--prompts", type=int, default=12, help="an evenly spaced subset of N held-out prompts")
+    ab.add_argument("--lengths", type=int, nargs="+", default=[1, 2], help="fixed feature-draft lengths (and the learned policy)")
+    ab.add_argument("--alternatives", type=int, nargs="+", default=[3], help="alternative counts compared")
+    ab.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ab.add_argument("--max-new-tokens", type=int, default=128)
     db = commands.add_parser("draft-bench", parents=[common],
                              help="feature-draft files side by side on the held-out prompts: cost c, teacher-forced "
                                   "top-1 / top-3 agreement, acceptance by position in the loop (benchmarks/drafts.py)")

@@ -109,11 +109,16 @@ class FeatureTargetLM(HFCachedLM):
         self.features = self.features[:0]
 
     @torch.inference_mode()
-    def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
-        hidden = self.model.model(input_ids=tokens.to(self.device)[None], use_cache=True,
+    def _forward(self, tokens: Tensor, num_logits: int, **mask) -> Tensor:
+        hidden = self.model.model(input_ids=tokens.to(self.device)[None], use_cache=True, **mask,
                                   **{self._cache_arg: self.cache}).last_hidden_state[0]
         self.features = torch.cat([self.features, hidden.float()])  # crop keeps it at cache_length rows
         return self.model.lm_head(hidden[-num_logits:])
+
+    @torch.inference_mode()
+    def keep_sibling(self, length: int, slot: int) -> None:
+        self.features[length - 1] = self.features[slot]
+        super().keep_sibling(length, slot)
 
     def crop(self, length: int) -> None:
         super().crop(length)

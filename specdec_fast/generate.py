@@ -15,10 +15,11 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from .alternatives import draw_alternatives, verify_alternatives
 from .cached_lm import CachedLM, as_cached_lm
 from .ops import draft_step, verify
 from .policy import DraftPolicy, FixedDraftLength
-from .sampling import SamplingParams, draw_uniforms
+from .sampling import SamplingParams, draw_uniforms, warp_logits
 
 
 @dataclass
@@ -37,6 +38,8 @@ class GenerationStats:
     drafted: int = 0
     accepted: int = 0
     withheld: int = 0  # rounds whose first drafted token the policy chose not to verify (a draft pass spent)
+    alternatives: int = 0  # first-token alternatives verified (not counted in drafted)
+    alternatives_accepted: int = 0  # rounds whose first token was an alternative (not counted in accepted)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: rounds that drafted it
     accepted_at: list[int] = field(default_factory=list)  # per draft position: rounds that accepted it
     prefill_s: float = 0.0
@@ -92,12 +95,13 @@ class GenerationStats:
 
     def summary(self) -> str:
         pos = " ".join(f"{a:.2f}" for a in self.per_position_acceptance)
+        alternatives = f"alternatives accepted {self.alternatives_accepted}/{self.alternatives} | " if self.alternatives else ""
         return (
             f"{self.new_tokens} tokens in {self.wall_s:.2f} s ({self.tokens_per_second:.1f} tok/s) | "
             f"rounds {self.rounds}, target calls {self.target_calls}, draft calls {self.draft_calls}, "
             f"first drafts withheld {self.withheld} | "
             f"acceptance {self.acceptance_rate:.3f} ({self.accepted}/{self.drafted}), "
-            f"mean accepted length {self.mean_accepted_length:.2f} | per position [{pos}] | "
+            f"mean accepted length {self.mean_accepted_length:.2f} | per position [{pos}] | {alternatives}"
             f"time: draft {self.draft_s:.2f} s, target {self.target_s:.2f} s, verify {self.verify_s:.3f} s"
         )
 
@@ -204,6 +208,7 @@ def fast_generate(
     top_k: int = 0,
     top_p: float = 1.0,
     num_draft_tokens: int = 4,
+    num_alternatives: int = 0,
     policy: DraftPolicy | None = None,
     verifier: str = "token",
     seed: int | None = None,
@@ -221,6 +226,10 @@ def fast_generate(
         temperature, top_k, top_p: sampling; temperature 0 is greedy (then the output equals
             the target's own greedy decoding).
         num_draft_tokens: draft length per round, unless ``policy`` chooses it.
+        num_alternatives: more candidates for each round's first drafted token, verified as
+            its siblings in the same target pass (see :mod:`specdec_fast.alternatives`); an
+            accepted one emits two tokens. Needs ``verifier="token"`` and a target with
+            ``extend_siblings`` / ``keep_sibling`` (every transformers target has them).
         verifier: "token" (token-wise) or "block" (block verification: the same output
             distribution, never fewer accepted tokens in expectation).
         seed: seeds the generator of all randomness (draft sampling and verification).
@@ -229,7 +238,8 @@ def fast_generate(
         streamer: a transformers streamer (``put``/``end``, e.g. ``TextStreamer``); it gets
             the prompt, then each round's new tokens.
         on_round: called after each verification as ``on_round(target_logits [k+1, V],
-            draft_probs [k, V], draft_tokens [k], out: VerifyOutput)`` (traces, monitoring).
+            draft_probs [k, V], draft_tokens [k], out: VerifyOutput)`` (traces, monitoring);
+            with alternatives, these are the chain's, before an alternative is chosen.
 
     Returns:
         GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.
@@ -237,6 +247,7 @@ def fast_generate(
     target_lm, draft_lm = cached_pair(target, draft)
     check_pair(target_lm, draft_lm)
     params = SamplingParams(temperature, top_k, top_p)
+    _check_alternatives(num_alternatives, verifier, target_lm)
     policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
     eos = eos_ids(eos_token_id, target, tokenizer)
     prompt_tensor = prompt_ids(input_ids, prompt, tokenizer)
@@ -270,7 +281,7 @@ def fast_generate(
         # Draft: X_i ~ q_i, one draft pass per token (the first pass also catches up on
         # committed tokens the draft has not seen).
         draft_start = time.perf_counter()
-        tokens, probs = [], []
+        tokens, probs, alternatives = [], [], torch.zeros(0, dtype=torch.int64)
         if k_max > 0:
             logits = _catch_up(draft_lm, ids, n)
             stats.draft_calls += 1
@@ -279,6 +290,9 @@ def fast_generate(
                 if i == 0 and not policy.propose_first(step, params.temperature):
                     stats.withheld += 1
                     break
+                if i == 0 and num_alternatives:
+                    alternatives = draw_alternatives(logits, step.probs[0], int(step.tokens), num_alternatives,
+                                                     params.temperature, generator)
                 tokens.append(step.tokens)
                 probs.append(step.probs)
                 if i + 1 == k_max or int(step.tokens) in eos or not policy.continue_drafting(i, step, params.temperature):
@@ -289,10 +303,16 @@ def fast_generate(
         target_start = time.perf_counter()
         stats.draft_s += target_start - draft_start
 
-        # Verify: one target pass over [last committed, X_1..X_k] gives p_1..p_{k+1}.
+        # Verify: one target pass over [last committed, X_1..X_k] gives p_1..p_{k+1}
+        # (and, after them, the rows of X_1's alternatives).
         draft_tokens = torch.cat(tokens) if k else torch.zeros(0, dtype=torch.int64)
         pending = ids[target_lm.cache_length : n].to(draft_tokens.device)  # committed ids stay on the host
-        target_logits = target_lm.extend(torch.cat([pending, draft_tokens]), k + 1)
+        chain, a = torch.cat([pending, draft_tokens]), len(alternatives)
+        if a:
+            target_logits = target_lm.extend_siblings(chain, alternatives, len(pending), k + 1)
+            target_logits, sibling_logits = target_logits[: k + 1], target_logits[k + 1 :]
+        else:
+            target_logits = target_lm.extend(chain, k + 1)
         vocab = target_logits.shape[-1]
         q = torch.stack(probs, dim=1) if k else torch.zeros(1, 0, vocab)
         verify_start = time.perf_counter()
@@ -303,18 +323,27 @@ def fast_generate(
         )
         accepted = int(out.num_accepted)
         emitted = out.tokens[0, : accepted + 1].tolist()  # the round's one host sync
+        sibling = -1
+        if accepted == 0 and a:
+            sibling, emitted = _try_alternatives(target_logits[0], sibling_logits, q[0, 0], int(draft_tokens[0]),
+                                                 alternatives, params, generator)
         emitted = emitted[: _first_eos(emitted, eos)]
         round_end = time.perf_counter()
         stats.verify_s += round_end - verify_start
         if on_round is not None:
             on_round(target_logits, q[0], draft_tokens, out)
 
-        # Roll back: both caches keep only the prefix shared with the new committed sequence.
-        for lm in (target_lm, draft_lm):
+        # Roll back: both caches keep only the prefix shared with the new committed sequence
+        # (the target's ends with the accepted alternative, moved into place).
+        if sibling >= 0:
+            target_lm.keep_sibling(n + 1, target_lm.cache_length - a + sibling)
+        for lm in (target_lm, draft_lm) if sibling < 0 else (draft_lm,):
             lm.crop(min(lm.cache_length, n + accepted))
         ids[n : n + len(emitted)] = torch.tensor(emitted)
         n += len(emitted)
         stats.record_round(k, accepted, len(emitted))
+        stats.alternatives += a
+        stats.alternatives_accepted += sibling >= 0
         policy.observe(k, accepted, target_start - draft_start, round_end - target_start)
         if streamer is not None:
             streamer.put(torch.tensor(emitted))
@@ -326,6 +355,31 @@ def fast_generate(
         streamer.end()
     new = ids[prompt_len:n].tolist()
     return GenerationOutput(new, _decode(tokenizer, new), stats)
+
+
+def _check_alternatives(num_alternatives: int, verifier: str, target_lm: CachedLM) -> None:
+    if int(num_alternatives) != num_alternatives or num_alternatives < 0:
+        raise ValueError(f"num_alternatives must be a non-negative integer, got {num_alternatives}")
+    if num_alternatives and verifier != "token":
+        raise ValueError(f"first-token alternatives need verifier='token', got {verifier!r}")
+    if num_alternatives and not hasattr(target_lm, "extend_siblings"):
+        raise ValueError(f"first-token alternatives need a target with extend_siblings and keep_sibling; "
+                         f"{type(target_lm).__name__} has neither")
+
+
+def _try_alternatives(p_logits: Tensor, sibling_logits: Tensor, q: Tensor, first: int, alternatives: Tensor,
+                      params: SamplingParams, generator: torch.Generator) -> tuple[int, list[int]]:
+    """After X_1 = ``first`` was rejected: (accepted alternative or -1, the round's emitted tokens),
+    the alternative and the target's token after it, or one token from the residual."""
+    a, greedy = len(alternatives), params.temperature == 0
+    u = draw_uniforms(1, a + 2, generator)[0]
+    p = p_logits if greedy else warp_logits(p_logits[None], *params.as_tensors(1, p_logits.device))[0]
+    sibling, token = verify_alternatives(p, q.to(p.device), first, alternatives, u[: a + 1], greedy)
+    if sibling < 0:
+        return sibling, [token]
+    sampling = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
+    bonus = draft_step(sibling_logits[sibling][None], **sampling, uniforms=u[a + 1 :])
+    return sibling, [token, int(bonus.tokens)]
 
 
 def generate_autoregressive(
@@ -383,13 +437,14 @@ def generate_autoregressive(
     return GenerationOutput(new, _decode(tokenizer, new), stats)
 
 
-def warmup(target, draft=None, *, num_draft_tokens: int = 4, max_new_tokens: int = 8) -> float:
+def warmup(target, draft=None, *, num_draft_tokens: int = 4, num_alternatives: int = 0, max_new_tokens: int = 8) -> float:
     """Load the verification kernels and run every part of the loop once, so that the first
     user request is not the slow one; returns the seconds it took.
 
     One short sampled and one greedy generation on a dummy prompt: prefill, draft passes
     and draft steps, a multi-token target pass, verification and cache rollback (with
-    ``draft=None``, the target alone). ``target`` and ``draft`` are as for :func:`fast_generate`.
+    ``draft=None``, the target alone). ``target``, ``draft`` and ``num_alternatives`` are as for
+    :func:`fast_generate`.
     """
     start = time.perf_counter()
     prompt = torch.arange(1, 9) % as_cached_lm(target).vocab_size
@@ -399,5 +454,5 @@ def warmup(target, draft=None, *, num_draft_tokens: int = 4, max_new_tokens: int
                                     eos_token_id=())
         else:
             fast_generate(target, draft, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                          num_draft_tokens=num_draft_tokens, seed=0, eos_token_id=())
+                          num_draft_tokens=num_draft_tokens, num_alternatives=num_alternatives, seed=0, eos_token_id=())
     return time.perf_counter() - start

@@ -27,25 +27,28 @@ def feature_draft(target, vocab_ids=None, seed: int = 5, num_layers: int = 1) ->
     return draft.eval()
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 5, 0.8)])
-def test_feature_draft_is_lossless(tiny_pair, temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature, top_k, top_p, alternatives", [(1.0, 0, 1.0, 0), (0.7, 5, 0.8, 0), (1.0, 0, 1.0, 2)])
+def test_feature_draft_is_lossless(tiny_pair, temperature, top_k, top_p, alternatives):
     """The joint of the first 3 tokens (k = 2: drafting from own features, rollback and
-    recompute) is the target's, with a draft restricted to 5 of the 8 tokens."""
+    recompute; first-token alternatives) is the target's, with a draft restricted to 5 of the 8 tokens."""
     target, _ = tiny_pair
     t, d = feature_pair(target, feature_draft(target, torch.tensor([0, 1, 3, 4, 6])))
     seqs = torch.tensor([fast_generate(t, d, PROMPT, max_new_tokens=3, num_draft_tokens=2, temperature=temperature,
-                                       top_k=top_k, top_p=top_p, seed=s, eos_token_id=()).tokens for s in range(4000)])
+                                       top_k=top_k, top_p=top_p, num_alternatives=alternatives, seed=s,
+                                       eos_token_id=()).tokens for s in range(4000)])
     stat, threshold, _ = chi_square(sequence_counts(seqs, 8), exact_joint(target, PROMPT, 3, temperature, top_k, top_p))
     assert stat < threshold
 
 
+@pytest.mark.parametrize("alternatives", [0, 2])
 @pytest.mark.parametrize("int8", [False, True])
 @pytest.mark.parametrize("k", [1, 3, 6])
-def test_feature_draft_greedy_equals_target_greedy(k, int8):
+def test_feature_draft_greedy_equals_target_greedy(k, int8, alternatives):
     target = tiny_llama(7, vocab=16, layers=3)
     draft = feature_draft(target)
     t, d = feature_pair(target, use_int8_weights(draft) if int8 else draft)
-    out = fast_generate(t, d, PROMPT, max_new_tokens=30, temperature=0.0, num_draft_tokens=k, eos_token_id=())
+    out = fast_generate(t, d, PROMPT, max_new_tokens=30, temperature=0.0, num_draft_tokens=k,
+                        num_alternatives=alternatives, eos_token_id=())
     own = fast_generate(target, target, PROMPT, max_new_tokens=30, temperature=0.0, num_draft_tokens=1, eos_token_id=())
     assert out.tokens == own.tokens
     assert out.stats.draft_calls > 0
@@ -65,21 +68,26 @@ def test_int8_feature_draft_stays_close_to_fp32():
     assert 0 < (after - before).abs().max() < 0.05 * before.abs().max()
 
 
-@pytest.mark.parametrize("num_layers", [1, 2])
-def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair, num_layers):
-    """After a generation with rejections, the draft's next-token logits equal the draft run
-    from scratch on the committed tokens with the target's features of all of them."""
+@pytest.mark.parametrize("num_layers,alternatives", [(1, 0), (2, 0), (1, 3)])
+def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair, num_layers, alternatives):
+    """After a generation with rejections (and with alternatives, rounds that kept one), the
+    target's features are those of the committed tokens and the draft's next-token logits equal
+    the draft run from scratch on the committed tokens with the target's features of all of them."""
     target, _ = tiny_pair
     draft = feature_draft(target, num_layers=num_layers)
     t, d = feature_pair(target, draft)
-    out = fast_generate(t, d, PROMPT, max_new_tokens=12, num_draft_tokens=3, seed=0, eos_token_id=())
+    out = fast_generate(t, d, PROMPT, max_new_tokens=24, num_draft_tokens=3, num_alternatives=alternatives, seed=0,
+                        eos_token_id=())
     assert out.stats.accepted < out.stats.drafted  # there were rejections
+    assert out.stats.alternatives_accepted > 0 or not alternatives
     ids = torch.tensor(PROMPT + out.tokens)
     incremental = d.extend(ids[d.cache_length :], 1)[-1]
     assert d.true_length == len(ids)
     with torch.no_grad():
         h = target.model(input_ids=ids[None]).last_hidden_state[0]
         prev = torch.cat([torch.zeros(1, h.shape[1]), h[:-1]])
+    torch.testing.assert_close(t.features, h[: t.cache_length], rtol=1e-4, atol=1e-4)
+    with torch.no_grad():
         scratch = draft.lm.lm_head(draft.features(ids[None], prev[None]))[0, -1]
     torch.testing.assert_close(incremental, scratch, rtol=1e-4, atol=1e-4)
 
@@ -191,6 +199,9 @@ def test_distilling_a_feature_draft_lowers_its_loss(tmp_path):
     info = distill.train_feature(target, tmp_path, tmp_path / "f.safetensors", vocab_size=48,
                                  fit=distill.FitConfig(epochs=20, batch=4, lr=3e-3))
     assert info["steps"] == 80
+    with pytest.raises(ValueError, match=r"train_feature_state.pt holds another run's training state .*'epochs': \(20, 21\)"):
+        distill.train_feature(target, tmp_path, tmp_path / "g.safetensors", vocab_size=48,
+                              fit=distill.FitConfig(epochs=21, batch=4, lr=3e-3))
     trained = load_feature_draft(target, tmp_path / "f.safetensors")
     index = distill._restricted_index(trained.lm.lm_head.vocab_ids, 64)
     torch.manual_seed(0)

@@ -79,14 +79,18 @@ def test_greedy_with_target_as_its_own_draft_accepts_everything():
     assert out.tokens == generate_autoregressive(target, [1, 2], max_new_tokens=21, temperature=0.0, eos_token_id=NO_EOS).tokens
 
 
+@pytest.mark.parametrize("alternatives", [0, 2])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_cache_after_rounds_equals_full_recompute(tiny_pair, temperature):
-    """After accept/reject rounds both caches hold exactly the committed prefix: the next
-    logits from the cache equal those of a full forward pass over the sequence."""
+def test_cache_after_rounds_equals_full_recompute(tiny_pair, temperature, alternatives):
+    """After accept/reject rounds (and rounds that kept a first-token alternative) both caches
+    hold exactly the committed prefix: the next logits from the cache equal those of a full
+    forward pass over the sequence."""
     target, draft = tiny_pair
     t, d = HFCachedLM(target), HFCachedLM(draft)
-    out = fast_generate(t, d, PROMPT, max_new_tokens=30, temperature=temperature, num_draft_tokens=4, seed=1, eos_token_id=NO_EOS)
+    out = fast_generate(t, d, PROMPT, max_new_tokens=30, temperature=temperature, num_draft_tokens=4,
+                        num_alternatives=alternatives, seed=1, eos_token_id=NO_EOS)
     assert 0 < out.stats.accepted < out.stats.drafted  # both accepts and rejects happened
+    assert out.stats.alternatives_accepted > 0 or not alternatives
     seq = torch.tensor(PROMPT + out.tokens)
     assert t.cache_length == len(seq) - 1 and d.cache_length <= len(seq)
     for lm, model in ((t, target), (d, draft)):

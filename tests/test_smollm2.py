@@ -52,15 +52,18 @@ def test_greedy_equals_target_greedy(smollm2, draft_kind):
         assert ours.stats.acceptance_rate == 1.0
 
 
-def test_shipped_feature_pair_greedy_equals_target_greedy():
+@pytest.mark.parametrize("alternatives", [0, 3])
+def test_shipped_feature_pair_greedy_equals_target_greedy(alternatives):
     """The main job's default pair (SmolLM2 + the shipped feature draft), greedy: token for token the
-    target's own greedy decoding, with drafts accepted along the way."""
+    target's own greedy decoding, with drafts (and first-token alternatives) accepted along the way."""
     target_lm, draft_lm, tokenizer = smollm2_module.load_feature_pair()
     ids = chat_prompt_ids(tokenizer, PROMPT, chat=True)
-    ours = fast_generate(target_lm, draft_lm, ids, max_new_tokens=32, temperature=0.0, num_draft_tokens=3, eos_token_id=())
-    baseline = generate_autoregressive(target_lm, ids, max_new_tokens=32, temperature=0.0, eos_token_id=())
+    ours = fast_generate(target_lm, draft_lm, ids, max_new_tokens=48, temperature=0.0, num_draft_tokens=3,
+                         num_alternatives=alternatives, eos_token_id=())
+    baseline = generate_autoregressive(target_lm, ids, max_new_tokens=48, temperature=0.0, eos_token_id=())
     assert ours.tokens == baseline.tokens
     assert ours.stats.accepted > 0
+    assert ours.stats.alternatives_accepted > 0 or not alternatives
 
 
 def test_shipped_feature_draft_batched_greedy_equals_target_greedy():

@@ -2,7 +2,8 @@
 
 On the held-out prompts, side by side per prompt, each run right after its own run of (a)
 the target alone, KV-cached: (b) transformers' assisted generation with the same draft;
-(c) fast_generate with fixed draft lengths; and (a) again, an A/A control. For each
+(c) fast_generate with fixed draft lengths (with the feature draft, optionally also with
+first-token alternatives); and (a) again, an A/A control. For each chain-only
 length, the Leviathan prediction E[N] / (k c + v(k)) with E[N] = (1 - a^(k+1)) / (1 - a)
 from the measured acceptance rate a, the cost ratio c (draft step / one-token target pass)
 and verify cost v(k) ((k+1)-token target pass / one-token pass) as timed inside the runs,
@@ -78,7 +79,8 @@ def _hf_assisted(target, draft, ids: list[int], temperature: float, max_new_toke
 
 
 def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int], temperatures: list[float],
-        max_new_tokens: int, out_name: str = "e2e") -> dict:
+        max_new_tokens: int, out_name: str = "e2e", alternatives: tuple[int, ...] = ()) -> dict:
+    """``alternatives``: for each count a and each feature length k, a row "feature k=K +a alt"."""
     bench = EfficiencyBenchmark.default(num_prompts, max_new_tokens=max_new_tokens, temperatures=temperatures)
     target, draft = bench.target, bench.draft
     feature = feature_pair(target, use_fast_passes(default_feature_draft(target)))
@@ -86,12 +88,13 @@ def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int],
     costs = step_costs(target, draft, ids, max(lengths + feature_lengths))  # isolated passes, for reference
     costs["c_feature"] = step_costs(*feature, ids, 1)["c"]
 
-    def speculative(pair, k: int):
+    def speculative(pair, k: int, a: int = 0):
         def method(ids, settings):
-            s = fast_generate(*pair, ids, num_draft_tokens=k, **settings).stats
-            return dict(k=k, tps=s.tokens_per_second, acceptance=s.acceptance_rate,
+            s = fast_generate(*pair, ids, num_draft_tokens=k, num_alternatives=a, **settings).stats
+            return dict(k=k, alternatives=a, tps=s.tokens_per_second, acceptance=s.acceptance_rate,
                         accepted_length=s.mean_accepted_length, per_position=s.per_position_acceptance,
-                        pass_s=s.target_pass_s, draft_token_s=s.draft_s / max(s.drafted, 1))
+                        pass_s=s.target_pass_s, draft_token_s=s.draft_s / max(s.drafted, 1),
+                        alternative_wins=s.alternatives_accepted / max(s.rounds, 1))
         return method
 
     def alone(ids, settings):
@@ -103,11 +106,13 @@ def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int],
         "target again": alone,  # A/A control: what a ratio of identical work measures on this machine
         "hf_assisted": lambda ids, settings: dict(tps=_hf_assisted(target, draft, ids, settings["temperature"], max_new_tokens)),
     } | {f"k={k}": speculative((target, draft), k) for k in lengths} | {
-        f"feature k={k}": speculative(feature, k) for k in feature_lengths}
+        f"feature k={k}": speculative(feature, k) for k in feature_lengths} | {
+        f"feature k={k} +{a} alt": speculative(feature, k, a) for a in alternatives for k in feature_lengths}
     runs = bench.run(methods, "target", desc="e2e prompts")
     summary = summarize(runs, costs)
     data = dict(machine=machine(), settings=dict(prompts=len(bench.prompts), max_new_tokens=max_new_tokens,
-                                                lengths=lengths, feature_lengths=feature_lengths, temperatures=temperatures),
+                                                lengths=lengths, feature_lengths=feature_lengths, temperatures=temperatures,
+                                                alternatives=list(alternatives)),
                 costs=costs, summary=summary, runs=runs)
     write_results(out_name, data, table(summary, costs))
     plot(summary, out_name)
@@ -120,13 +125,14 @@ def summarize(runs: list[dict], costs: dict) -> list[dict]:
     ratio of the two speedups, and the Leviathan prediction per length, twice: from the costs
     timed inside each run ("predicted": c and v(k) as the loop met them, per drafted token and
     per verification pass, over the paired target run's one-token pass; what it leaves out is
-    the loop's own overhead) and from step_costs' isolated passes ("predicted_isolated")."""
+    the loop's own overhead) and from step_costs' isolated passes ("predicted_isolated"); rows
+    with alternatives, which that prediction does not model, get none."""
     summary = EfficiencyBenchmark.compare_with_baseline(runs, "target")
     hf = {s["temperature"]: s["speedup"] for s in summary if s["method"] == "hf_assisted"}
     one_token = {(r["pair"], r["temperature"]): r["pass_s"] for r in runs if r["method"] == "target"}
     for entry in summary:
         entry["vs_hf"] = entry["speedup"] / hf[entry["temperature"]]
-        if "k" in entry:
+        if "k" in entry and not entry["alternatives"]:
             k = entry["k"]
             mine = [r for r in runs if r["method"] == entry["method"] and r["temperature"] == entry["temperature"]]
             loop = [(r["draft_token_s"] / one_token[r["pair"], r["temperature"]],
@@ -145,10 +151,10 @@ def summarize(runs: list[dict], costs: dict) -> list[dict]:
 def table(summary: list[dict], costs: dict) -> str:
     rows = [[f"{s['temperature']:g}", s["method"], s["tps"], s["speedup"], s["vs_hf"], s.get("acceptance", "-"),
              s.get("accepted_length", "-"), s.get("c_loop", "-"), s.get("v_loop", "-"), s.get("predicted", "-"),
-             s.get("efficiency", "-"), s.get("predicted_isolated", "-")] for s in summary]
-    head = ["T", "method", "tok/s", "speedup vs target", "vs HF assisted", "acceptance", "tokens/round",
+             s.get("efficiency", "-"), s.get("predicted_isolated", "-"), s.get("alternative_wins", "-")] for s in summary]
+    head = ["T", "method", "tok/s", "speedup vs target", "vs HF assisted", "acceptance (chain)", "tokens/round",
             "c in loop", "v(k) in loop", "Leviathan prediction (loop costs)", "measured/predicted",
-            "prediction (isolated passes)"]
+            "prediction (isolated passes)", "rounds won by an alternative"]
     v = ", ".join(f"v({k})={x:.2f}" for k, x in costs["v"].items())
     return (markdown_table(head, rows) + f"\n\nIsolated passes (step_costs, before the runs): target pass {costs['target_step_s'] * 1e3:.1f} ms, draft pass "
             f"{costs['draft_step_s'] * 1e3:.1f} ms, c = {costs['c']:.3f} (token draft), "
@@ -165,11 +171,15 @@ def plot(summary: list[dict], name: str) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     for temperature, color in zip(sorted({s["temperature"] for s in summary}), ["tab:blue", "tab:orange"]):
-        for prefix, marker in (("k=", "o-"), ("feature k=", "s-")):
-            ks = [s for s in summary if s["temperature"] == temperature and s["method"].startswith(prefix)]
-            label = "fast_generate" if prefix == "k=" else "fast_generate, feature draft"
+        counts = sorted({s["alternatives"] for s in summary if s.get("alternatives")})
+        series = [("fast_generate", "k=", 0, "o-"), ("fast_generate, feature draft", "feature k=", 0, "s-")] + [
+            (f"feature draft +{a} alternatives", "feature k=", a, "^-.") for a in counts]
+        for label, prefix, a, marker in series:
+            ks = [s for s in summary if s["temperature"] == temperature and s["method"].startswith(prefix)
+                  and s["alternatives"] == a]
             ax.plot([s["k"] for s in ks], [s["speedup"] for s in ks], marker, color=color, label=f"{label} T={temperature:g}")
-            ax.plot([s["k"] for s in ks], [s["predicted"] for s in ks], ":", color=color)
+            if not a:
+                ax.plot([s["k"] for s in ks], [s["predicted"] for s in ks], ":", color=color)
         hf = next(s for s in summary if s["temperature"] == temperature and s["method"] == "hf_assisted")
         ax.axhline(hf["speedup"], color=color, linestyle="--", alpha=0.6, label=f"HF assisted T={temperature:g}")
     ax.axhline(1.0, color="gray", linewidth=0.8)
