@@ -555,7 +555,8 @@ def train_feature(target, work: Path, out: Path, vocab_size: int, fit: FitConfig
     generator = torch.Generator().manual_seed(1)
     result = _fit(draft, lambda rows: feature_loss(draft, rows, index, generator), samples,
                   work / "train_feature_state.pt", fit, "train feature draft",
-                  dict(num_layers=len(draft.lm.model.layers), vocab_size=vocab_size, init=_file_digest(init)), lambda rows: feature_loss(draft, rows, index, torch.Generator().manual_seed(0)))
+                  dict(num_layers=len(draft.lm.model.layers), vocab_size=vocab_size, init=_file_digest(init)),
+                  lambda rows: feature_loss(draft, rows, index, torch.Generator().manual_seed(0)))
     info = dict(source_layer=source_layer, num_layers=len(draft.lm.model.layers), command=command, **_data_info(samples, vocab_size, coverage, fit, result))
     if init is not None:
         info["init"] = {k: json.loads(v) for k, v in read_draft_file(init)[0].items() if k != "kind"}

@@ -377,8 +377,7 @@ def _try_alternatives(p_logits: Tensor, sibling_logits: Tensor, q: Tensor, first
     sibling, token = verify_alternatives(p, q.to(p.device), first, alternatives, u[: a + 1], greedy)
     if sibling < 0:
         return sibling, [token]
-    sampling = dict(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p)
-    bonus = draft_step(sibling_logits[sibling][None], **sampling, uniforms=u[a + 1 :])
+    bonus = draft_step(sibling_logits[sibling][None], **asdict(params), uniforms=u[a + 1 :])
     return sibling, [token, int(bonus.tokens)]
 
 
