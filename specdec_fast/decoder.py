@@ -17,7 +17,8 @@ from .policy import DraftPolicy
 
 
 class SpeculativeDecoder:
-    """A target/draft pair with fixed sampling settings, and totals over its calls.
+    """A target/draft pair with fixed sampling settings (those of :func:`fast_generate`), and
+    totals over its calls.
 
     Example:
         >>> decoder = SpeculativeDecoder(target, draft, num_draft_tokens=4, temperature=0.7)
@@ -35,11 +36,13 @@ class SpeculativeDecoder:
         temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,
+        num_alternatives: int = 0,
     ):
         self.target_model, self.draft_model = target_model, draft_model
         self.settings = dict(num_draft_tokens=num_draft_tokens, policy=policy, verifier=verifier, temperature=temperature,
-                             top_k=top_k, top_p=top_p)
-        self.totals = dict(new_tokens=0, rounds=0, target_calls=0, draft_calls=0, drafted=0, accepted=0, wall_s=0.0)
+                             top_k=top_k, top_p=top_p, num_alternatives=num_alternatives)
+        self.totals = dict(new_tokens=0, rounds=0, target_calls=0, draft_calls=0, drafted=0, accepted=0, alternatives=0,
+                           alternatives_accepted=0, wall_s=0.0)
 
     def generate(
         self,

@@ -146,6 +146,17 @@ def test_speculative_decoder_accumulates_metrics(tiny_pair):
     m = decoder.get_efficiency_metrics()
     assert m["new_tokens"] == 20 and m["drafted"] == 2 * out.stats.drafted
     assert m["acceptance_rate"] == out.stats.acceptance_rate
+    assert m["alternatives"] == 0
+
+
+def test_speculative_decoder_passes_alternatives_on(tiny_pair):
+    target, draft = tiny_pair
+    decoder = SpeculativeDecoder(target, draft, num_draft_tokens=2, temperature=0.0, num_alternatives=2)
+    out = decoder.generate(PROMPT, max_new_tokens=12, eos_token_id=NO_EOS)
+    assert out.tokens == generate_autoregressive(target, PROMPT, max_new_tokens=12, temperature=0.0, eos_token_id=NO_EOS).tokens
+    m = decoder.get_efficiency_metrics()
+    assert m["alternatives"] == out.stats.alternatives == 2 * out.stats.drafted_at[0] > 0
+    assert m["alternatives_accepted"] == out.stats.alternatives_accepted
 
 
 @pytest.mark.parametrize(
