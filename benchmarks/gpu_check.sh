@@ -37,10 +37,11 @@ for B, K, V in [(2, 3, 1001), (1, 8, 262144), (64, 4, 49152)]:
 
 # Kernel tests on the GPU: the ids of the cuda and triton params end in "-cuda" there
 # (TESTS="cuda and not triton": the CUDA kernels only), and fast_generate and batch_generate on
-# the GPU (TESTS=on_cuda).
+# the GPU, the feature pair with first-token alternatives among them (TESTS=on_cuda).
 SECONDS=0
 timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider --durations=8 -k "${TESTS:-cuda}" \
-    tests/test_backends.py tests/test_verify.py tests/test_verify_block.py tests/test_fuzz.py tests/test_generate.py tests/test_batch.py 2>&1 | tee "$OUT/tests.log" | tail -n 40
+    tests/test_backends.py tests/test_verify.py tests/test_verify_block.py tests/test_fuzz.py tests/test_generate.py tests/test_batch.py \
+    tests/test_feature_draft.py 2>&1 | tee "$OUT/tests.log" | tail -n 40
 echo "tests: ${SECONDS} s" | tee -a "$OUT/gpu.txt"
 
 # The verify microbenchmark on the GPU (same grid as on the CPU); BENCH=0 skips it.

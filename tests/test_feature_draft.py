@@ -254,3 +254,24 @@ def test_corpus_features_and_a_warm_start(tmp_path, monkeypatch):
     with torch.no_grad():
         before, after = (distill.feature_loss(d, corpus, index, torch.Generator().manual_seed(0)) for d in (first, trained))
     assert after < 0.9 * before
+
+
+def feature_pair_checks(device: torch.device) -> None:
+    """The feature pair with first-token alternatives on ``device``: greedy output equals the
+    target's own (transformers' generate), and the first two tokens' joint at T = 1 is exact."""
+    target = tiny_llama(0).to(device)
+    t, d = feature_pair(target, feature_draft(target).to(device))
+    ids = torch.tensor([PROMPT], device=device)
+    hf = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False, pad_token_id=0)
+    greedy = fast_generate(t, d, PROMPT, max_new_tokens=20, temperature=0.0, num_draft_tokens=3, num_alternatives=2,
+                           eos_token_id=())
+    assert greedy.tokens == hf[0, len(PROMPT):].tolist() and greedy.stats.alternatives > 0
+    seqs = torch.tensor([fast_generate(t, d, PROMPT, max_new_tokens=2, temperature=1.0, num_draft_tokens=2,
+                                       num_alternatives=2, seed=s, eos_token_id=()).tokens for s in range(2000)])
+    stat, threshold, df = chi_square(sequence_counts(seqs, 8), exact_joint(target.cpu(), PROMPT, 2, 1.0, 0, 1.0))
+    assert stat < threshold, f"chi2 {stat:.1f} > {threshold:.1f} (df {df})"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the feature pair with its caches on it")
+def test_on_cuda_feature_pair_with_alternatives():
+    feature_pair_checks(torch.device("cuda"))
