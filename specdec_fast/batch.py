@@ -61,11 +61,15 @@ class BatchedLM(TransformersLM):
         inputs = self._append(fed)
         return self.model(input_ids=tokens.to(self.device), logits_to_keep=num_logits, **inputs).logits
 
+    def _positions(self, fed: Tensor) -> Tensor:
+        """[B, n] int64: the sequence positions of the slots one ``extend`` would add (``fed`` [B, n] bool, on the device)."""
+        return (self.lengths[:, None] + fed.cumsum(1) - 1).clamp(min=0)
+
     def _append(self, fed: Tensor) -> dict:
         """Add the slots of one ``extend`` (``fed`` [B, n] bool) and return the model's keyword
         arguments for them: the mask over all slots, the new slots' position ids [B, n], the cache."""
         fed = fed.to(self.device)
-        positions = (self.lengths[:, None] + fed.cumsum(1) - 1).clamp(min=0)
+        positions = self._positions(fed)
         self.valid = torch.cat([self.valid, fed], 1)
         return dict(attention_mask=self.valid.long(), position_ids=positions, use_cache=True, **{self._cache_arg: self.cache})
 

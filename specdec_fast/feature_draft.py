@@ -217,33 +217,34 @@ class BatchedFeatureDraft(BatchedLM):
         self.last_feature = None  # [B, d]: the draft's predicted feature of each row's last slot
 
     def _previous_features(self, positions: Tensor, fed: Tensor) -> tuple[Tensor, Tensor]:
-        """For each fed slot at sequence position t, the feature of position t - 1 ([B, n, d]), and
-        [B] bool: the row used its own last feature."""
-        prev = torch.zeros(*fed.shape, self.target.features.shape[-1], device=self.device)
-        own = torch.zeros(len(fed), dtype=torch.bool, device=self.device)
-        known = self.target.lengths.tolist()  # positions whose target feature exists, per row
-        for row in range(len(fed)):
-            columns = fed[row].nonzero()[:, 0]
-            wanted = positions[row, columns] - 1
-            if not len(wanted):
-                continue
-            if int(wanted[-1]) < known[row]:
-                after_start = wanted >= 0  # position -1 (before the first token) keeps zeros
-                slots = self.target.valid[row].nonzero()[:, 0]  # the slot of each cached position
-                prev[row, columns[after_start]] = self.target.features[row, slots[wanted[after_start]]]
-            elif len(wanted) == 1 and self.last_feature is not None:
-                prev[row, columns] = self.last_feature[row]
-                own[row] = True
-            else:
-                raise ValueError(f"row {row}: the target's features of positions {known[row]}..{int(wanted[-1])} are "
-                                 "not known: feed the draft one token at a time beyond the target's cache")
+        """For each fed slot at sequence position t, the feature of position t - 1 ([B, n, d]; zeros
+        before a row's first token), and [B] bool: the row used its own last feature."""
+        target = self.target
+        wanted = positions - 1
+        beyond = fed & (wanted >= target.lengths[:, None])  # positions the target has not computed
+        own = beyond.any(1)
+        allowed = (fed.sum(1) == 1) & (self.last_feature is not None)
+        if bool((own & ~allowed).any()):
+            row = int((own & ~allowed).nonzero()[0])
+            raise ValueError(f"row {row}: the target's features of positions {int(target.lengths[row])}.."
+                             f"{int(wanted[row][fed[row]][-1])} are not known: feed the draft one token at a time "
+                             "beyond the target's cache")
+        slot = torch.zeros_like(target.valid, dtype=torch.int64)  # slot[b, p]: the slot of row b's position p
+        rows, slots = target.valid.nonzero(as_tuple=True)
+        slot[rows, target.valid.cumsum(1)[rows, slots] - 1] = slots
+        prev = torch.zeros(*fed.shape, target.features.shape[-1], device=self.device)
+        b, j = (fed & ~beyond & (wanted >= 0)).nonzero(as_tuple=True)
+        prev[b, j] = target.features[b, slot[b, wanted[b, j]]]
+        b, j = beyond.nonzero(as_tuple=True)
+        if len(b):
+            prev[b, j] = self.last_feature[b]
         return prev, own
 
     @torch.inference_mode()
     def extend(self, tokens: Tensor, fed: Tensor, num_logits: int) -> Tensor:
         fed, before = fed.to(self.device), self.lengths
+        prev, own = self._previous_features(self._positions(fed), fed)  # checks before the cache changes
         inputs = self._append(fed)
-        prev, own = self._previous_features(inputs["position_ids"], fed)
         feats = self.draft.features(tokens.to(self.device), prev, **inputs)
         self.true_lengths = torch.where(~own & (self.true_lengths == before), self.lengths, self.true_lengths)
         self.last_feature = feats[:, -1]

@@ -177,6 +177,24 @@ def test_draft_beyond_target_features_is_an_error(tiny_pair):
         d.extend(torch.tensor(PROMPT), 1)
 
 
+def test_batched_draft_beyond_target_features_is_an_error(tiny_pair):
+    """A batch row may read its own last feature for one token beyond the target's cache, no more;
+    a refused call changes nothing."""
+    from specdec_fast.batch import batched_pair, right_aligned
+
+    target, _ = tiny_pair
+    t, d = batched_pair(target, feature_draft(target), 2)
+    seq = [3, 1, 4, 1, 5, 2, 6]
+    t.extend(*right_aligned([seq[:2], seq[:3]]), 1)
+    with pytest.raises(ValueError, match="row 0: the target's features of positions 2..2 are not known"):
+        d.extend(*right_aligned([seq[:4], seq[:3]]), 1)  # row 0: no own feature yet
+    assert d.valid.shape[1] == 0  # the refused call left the cache as it was
+    d.extend(*right_aligned([seq[:3], seq[:4]]), 1)  # true features only
+    d.extend(*right_aligned([seq[3:4], seq[4:5]]), 1)  # one token each, from own features
+    with pytest.raises(ValueError, match="row 1: the target's features of positions 3..5 are not known"):
+        d.extend(*right_aligned([seq[4:5], seq[5:7]]), 1)
+
+
 def test_distilling_a_feature_draft_lowers_its_loss(tmp_path):
     """collect_features + train_feature on target continuations of random prompts: the trained
     draft fits the target's distributions better than the untrained one it started from."""
