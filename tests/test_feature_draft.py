@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from specdec_fast import HFCachedLM, fast_generate
+from specdec_fast.batch import batched_pair, right_aligned
 from specdec_fast.cached_lm import cache_argument
 from specdec_fast.feature_draft import FeatureDraft, deepened, feature_pair, load_feature_draft, save_feature_draft
 from specdec_fast.linear import use_int8_weights
@@ -180,8 +181,6 @@ def test_draft_beyond_target_features_is_an_error(tiny_pair):
 def test_batched_draft_beyond_target_features_is_an_error(tiny_pair):
     """A batch row may read its own last feature for one token beyond the target's cache, no more;
     a refused call changes nothing."""
-    from specdec_fast.batch import batched_pair, right_aligned
-
     target, _ = tiny_pair
     t, d = batched_pair(target, feature_draft(target), 2)
     seq = [3, 1, 4, 1, 5, 2, 6]
