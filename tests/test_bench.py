@@ -1,16 +1,17 @@
 """The benchmark engine and arithmetic: EfficiencyBenchmark, expected tokens per round, the verify bytes model."""
 
 import statistics
+import time
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from specdec_fast import fast_generate
-from specdec_fast.bench.e2e import affine_fit, expected_tokens, step_costs
+from specdec_fast.bench.e2e import affine_fit, expected_tokens, pass_medians, step_costs
 from specdec_fast.bench.efficiency import EfficiencyBenchmark
 from specdec_fast.bench.microbench import bytes_read, make_inputs
-from specdec_fast.bench.policies import modelled_tps, oracle
+from specdec_fast.bench.policies import modelled_tps, oracle, same_drafts_summary
 
 from conftest import tiny_llama
 
@@ -40,6 +41,39 @@ def test_step_costs_keep_the_one_token_pass_and_fit_the_longer_ones(tiny_pair):
     assert costs["c"] == pytest.approx(costs["draft_step_s"] / costs["target_step_s"])
 
 
+class ClockLM:
+    """A CachedLM stand-in whose pass over n tokens advances a fake clock by n x the machine's
+    current slowness, which doubles after ``slow_after`` passes (this VM's steps in speed)."""
+
+    vocab_size, max_length = 4, None
+
+    def __init__(self, clock: list[float], slow_after: int):
+        self.clock, self.slow_after, self.passes, self.cache_length = clock, slow_after, 0, 0
+
+    def reset(self):
+        self.cache_length = 0
+
+    def extend(self, tokens, num_logits):
+        self.passes += 1
+        self.clock[0] += len(tokens) * (2.0 if self.passes > self.slow_after else 1.0)
+        self.cache_length += len(tokens)
+        return torch.zeros(num_logits, self.vocab_size)
+
+    def crop(self, length):
+        self.cache_length = length
+
+
+def test_pass_medians_time_every_size_at_the_same_machine_speed(monkeypatch):
+    """The machine slows down a quarter of the way through: timed in turn, the 1-, 2- and 4-token
+    passes keep their ratios 1 : 2 : 4 (timed one size after another, the 1-token pass would
+    have been timed fast and the others slow, 1 : 4 : 8)."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    lm = ClockLM(clock, slow_after=1 + 3 * 5)  # the prefill, then 5 of 20 rounds of 3 passes
+    assert pass_medians([(lm, 1), (lm, 2), (lm, 4)], [1, 2, 3], repeats=18, warmup=2) == [2.0, 4.0, 8.0]
+    assert lm.cache_length == 3
+
+
 def test_modelled_tokens_per_second_and_the_oracle():
     costs = dict(draft_step_s=0.01, target_fit_s={1: 0.10, 2: 0.11, 3: 0.12})
     assert modelled_tps([0, 2], 4, costs) == pytest.approx(4 / (0.10 + 0.02 + 0.12))
@@ -49,6 +83,14 @@ def test_modelled_tokens_per_second_and_the_oracle():
     out = oracle([(2, 0), (2, 2)], 4, costs)
     assert out["tps"] is None and out["modelled_tps"] == pytest.approx(4 / (0.10 + 0.02 + 0.12))
     assert out["calls_per_token"] == 0.5 and out["accepted_length"] == 2.0 and out["no_draft"] == 0.5
+
+
+def test_block_vs_token_on_the_same_drafts_pools_rounds_over_prompts():
+    """Accepted drafts per round over all rounds (a prompt with more rounds weighs more), not a mean of per-prompt ratios."""
+    rows = [dict(rounds=2, token=1.0, block=1.5), dict(rounds=6, token=3.0, block=3.0)]
+    out = same_drafts_summary(rows, 1.0, 4)
+    assert (out["rounds"], out["token"], out["block"]) == (8, 0.5, 0.5625)
+    assert out["gain"] == pytest.approx(1.125)  # the per-prompt ratios 1.5 and 1.0 would average 1.25
 
 
 class CharTokenizer:

@@ -22,24 +22,37 @@ from ..feature_draft import default_feature_draft, feature_pair
 from ..generate import fast_generate, generate_autoregressive
 from ..learned_policy import expected_tokens
 from ..smollm2 import use_fast_passes
-from .common import machine, markdown_table, median_time, write_results
+from .common import machine, markdown_table, write_results
 from .efficiency import EfficiencyBenchmark
 
 
-def pass_seconds(model, ids: list[int], n: int = 1, repeats: int = 15) -> float:
-    """Median seconds of one pass over n tokens, with the model's cache holding ``ids`` (cropped back each time).
+def pass_medians(passes: list[tuple[object, int]], ids: list[int], repeats: int = 15, warmup: int = 2) -> list[float]:
+    """Median seconds of each (model, n) of ``passes``: one pass over n tokens with the model's cache
+    holding ``ids`` (cropped back each time). The passes are taken in turn, one of each per repeat,
+    so a change in this VM's speed reaches all of them alike: timed one size after another, a
+    2-token target pass once measured 0.8x a 1-token pass, and every cost model built on them
+    with it.
 
-    ``model``: a transformers model or a CachedLM (a feature draft's target must hold ``ids`` already)."""
-    lm = as_cached_lm(model)
-    lm.reset()
-    lm.extend(torch.tensor(ids), 1)
-    length, tokens = lm.cache_length, torch.tensor(ids[-1:]).repeat(n)
-
-    def one_pass():
-        lm.extend(tokens, n)
-        lm.crop(length)
-
-    return median_time(one_pass, repeats)
+    Models: transformers models or CachedLMs; list a feature draft after its target (it reads
+    the target's features of ``ids``)."""
+    lms, lengths = {}, {}
+    for model, _ in passes:
+        if id(model) not in lms:
+            lm = lms[id(model)] = as_cached_lm(model)
+            lm.reset()
+            lm.extend(torch.tensor(ids), 1)
+            lengths[id(model)] = lm.cache_length
+    last = torch.tensor(ids[-1:])
+    times = [[] for _ in passes]
+    for repeat in range(warmup + repeats):
+        for i, (model, n) in enumerate(passes):
+            lm = lms[id(model)]
+            start = time.perf_counter()
+            lm.extend(last.repeat(n), n)
+            lm.crop(lengths[id(model)])
+            if repeat >= warmup:
+                times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
 
 
 def affine_fit(seconds: dict[int, float]) -> tuple[float, float]:
@@ -57,9 +70,9 @@ def step_costs(target, draft, ids: list[int], max_k: int, repeats: int = 15) -> 
     from :func:`affine_fit` of the n >= 2 measurements. One line through all of them would
     understate the step from 1 to 2 tokens (transformers' one-token decode needs no attention
     mask; here v(1) measured 1.15-1.21 where a fit through n = 1..9 said 1.07)."""
-    target_s = pass_seconds(target, ids, 1, repeats)
-    draft_s = pass_seconds(draft, ids, 1, repeats)
-    verify = {k: pass_seconds(target, ids, k + 1, repeats) / target_s for k in range(1, max_k + 1)}
+    target_s, draft_s, *longer = pass_medians([(target, 1), (draft, 1)] + [(target, k + 1) for k in range(1, max_k + 1)],
+                                             ids, repeats)
+    verify = {k: t / target_s for k, t in enumerate(longer, 1)}
     many = {k + 1: v * target_s for k, v in verify.items()}  # passes over n >= 2 tokens
     if len(many) > 1:
         intercept, slope = affine_fit(many)

@@ -26,7 +26,7 @@ from ..generate import fast_generate, generate_autoregressive, warmup
 from ..linear import use_int8_weights
 from ..smollm2 import use_fast_passes
 from .common import machine, markdown_table, write_results
-from .e2e import pass_seconds
+from .e2e import pass_medians
 from .efficiency import EfficiencyBenchmark, plot_speedups
 
 
@@ -70,8 +70,8 @@ def run(num_prompts: int, k: int, temperatures: list[float], max_new_tokens: int
     for draft in candidates.values():
         warmup(target, draft)
     ids = bench.prompt_ids(0)
-    target_s = pass_seconds(target, ids)  # also leaves the target's features of ids for a feature draft
-    costs = {name: pass_seconds(d, ids) / target_s for name, d in candidates.items()}
+    target_s, *draft_s = pass_medians([(target, 1)] + [(d, 1) for d in candidates.values()], ids)
+    costs = {name: s / target_s for name, s in zip(candidates, draft_s)}
 
     methods = {"target alone": lambda p, s: dict(tps=generate_autoregressive(target, p, **s).stats.tokens_per_second)}
     for name, draft in candidates.items():
