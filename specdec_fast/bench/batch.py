@@ -23,7 +23,7 @@ from tqdm import tqdm
 from ..batch import BatchedLM, batch_generate, batched_pair, right_aligned
 from ..generate import warmup
 from ..learned_policy import POLICY_FILES, default_policy, expected_tokens
-from .common import RESULTS, machine, markdown_table, median_time, write_results
+from .common import RESULTS, machine, markdown_table, medians_in_turn, write_results
 from .efficiency import EfficiencyBenchmark, paired_order
 
 BASELINE = "autoregressive"
@@ -31,7 +31,7 @@ BASELINE = "autoregressive"
 
 def pass_costs(target, draft, prompts: list[list[int]], max_k: int, repeats: int = 7) -> dict:
     """Median seconds of a target pass over B rows x n tokens (n = 1..max_k+1) and of a draft
-    step over B rows, with each model's cache holding the B prompts."""
+    step over B rows, with each model's cache holding the B prompts, timed in turn."""
     t, d = batched_pair(target, draft, len(prompts))
     tokens, fed = right_aligned(prompts)
     t.extend(tokens, fed, 1)
@@ -42,8 +42,9 @@ def pass_costs(target, draft, prompts: list[list[int]], max_k: int, repeats: int
         lm.extend(last.repeat(1, n), torch.ones(len(prompts), n, dtype=torch.bool), n)
         lm.keep(lengths)
 
-    target_s = {n: median_time(lambda: one_pass(t, n), repeats) for n in range(1, max_k + 2)}
-    return dict(target_s=target_s, draft_s=median_time(lambda: one_pass(d, 1), repeats))
+    sizes = range(1, max_k + 2)
+    *target_s, draft_s = medians_in_turn([lambda n=n: one_pass(t, n) for n in sizes] + [lambda: one_pass(d, 1)], repeats)
+    return dict(target_s=dict(zip(sizes, target_s)), draft_s=draft_s)
 
 
 def run(batches: list[int], lengths: list[int], temperatures: list[float], max_new_tokens: int, repeats: int,

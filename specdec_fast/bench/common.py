@@ -56,6 +56,20 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> floa
     return time_samples(fn, repeats, warmup=warmup)["median"]
 
 
+def medians_in_turn(fns: list[Callable[[], object]], repeats: int, warmup: int = 2) -> list[float]:
+    """Median wall seconds of each of ``fns`` (CPU), called in turn, one call of each per repeat, so a
+    change in the machine's speed reaches all of them alike (this VM's speed moves in steps: timed
+    one after another, a 2-token target pass once measured 0.8x a 1-token pass)."""
+    times = [[] for _ in fns]
+    for repeat in range(warmup + repeats):
+        for samples, fn in zip(times, fns):
+            start = time.perf_counter()
+            fn()
+            if repeat >= warmup:
+                samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) for samples in times]
+
+
 def write_results(name: str, data: dict, table: str, out_dir: Path = RESULTS) -> Path:
     """Write ``<name>.json`` and ``<name>.md`` under ``out_dir``; returns the JSON path."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -22,37 +22,30 @@ from ..feature_draft import default_feature_draft, feature_pair
 from ..generate import fast_generate, generate_autoregressive
 from ..learned_policy import expected_tokens
 from ..smollm2 import use_fast_passes
-from .common import machine, markdown_table, write_results
+from .common import machine, markdown_table, medians_in_turn, write_results
 from .efficiency import EfficiencyBenchmark
 
 
 def pass_medians(passes: list[tuple[object, int]], ids: list[int], repeats: int = 15, warmup: int = 2) -> list[float]:
     """Median seconds of each (model, n) of ``passes``: one pass over n tokens with the model's cache
-    holding ``ids`` (cropped back each time). The passes are taken in turn, one of each per repeat,
-    so a change in this VM's speed reaches all of them alike: timed one size after another, a
-    2-token target pass once measured 0.8x a 1-token pass, and every cost model built on them
-    with it.
+    holding ``ids`` (cropped back each time), the passes timed in turn (:func:`medians_in_turn`).
 
     Models: transformers models or CachedLMs; list a feature draft after its target (it reads
     the target's features of ``ids``)."""
-    lms, lengths = {}, {}
+    held = {}  # id(model) -> (its CachedLM, the cache length holding ids)
     for model, _ in passes:
-        if id(model) not in lms:
-            lm = lms[id(model)] = as_cached_lm(model)
+        if id(model) not in held:
+            lm = as_cached_lm(model)
             lm.reset()
             lm.extend(torch.tensor(ids), 1)
-            lengths[id(model)] = lm.cache_length
+            held[id(model)] = lm, lm.cache_length
     last = torch.tensor(ids[-1:])
-    times = [[] for _ in passes]
-    for repeat in range(warmup + repeats):
-        for i, (model, n) in enumerate(passes):
-            lm = lms[id(model)]
-            start = time.perf_counter()
-            lm.extend(last.repeat(n), n)
-            lm.crop(lengths[id(model)])
-            if repeat >= warmup:
-                times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+
+    def one_pass(lm, length: int, n: int) -> None:
+        lm.extend(last.repeat(n), n)
+        lm.crop(length)
+
+    return medians_in_turn([lambda h=held[id(model)], n=n: one_pass(*h, n) for model, n in passes], repeats, warmup)
 
 
 def affine_fit(seconds: dict[int, float]) -> tuple[float, float]:
