@@ -53,7 +53,7 @@ def time_samples(fn: Callable[[], object], repeats: int, device: str = "cpu", wa
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
     """Median wall time of ``fn()`` in seconds (CPU)."""
-    return time_samples(fn, repeats, warmup=warmup)["median"]
+    return medians_in_turn([fn], repeats, warmup)[0]
 
 
 def medians_in_turn(fns: list[Callable[[], object]], repeats: int, warmup: int = 2) -> list[float]:

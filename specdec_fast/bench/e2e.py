@@ -65,8 +65,8 @@ def step_costs(target, draft, ids: list[int], max_k: int, repeats: int = 15) -> 
     mask; here v(1) measured 1.15-1.21 where a fit through n = 1..9 said 1.07)."""
     target_s, draft_s, *longer = pass_medians([(target, 1), (draft, 1)] + [(target, k + 1) for k in range(1, max_k + 1)],
                                              ids, repeats)
-    verify = {k: t / target_s for k, t in enumerate(longer, 1)}
-    many = {k + 1: v * target_s for k, v in verify.items()}  # passes over n >= 2 tokens
+    many = dict(enumerate(longer, 2))  # passes over n >= 2 tokens
+    verify = {n - 1: t / target_s for n, t in many.items()}
     if len(many) > 1:
         intercept, slope = affine_fit(many)
         many = {n: intercept + slope * n for n in many}
