@@ -39,7 +39,7 @@ def aot_extensions() -> tuple[list, dict]:
     extensions = [CppExtension("specdec_fast._cpu", ["csrc/cpu/ops.cpp"], extra_compile_args=cpu_flags,
                                extra_link_args=["-fopenmp"])]
     if torch.version.cuda is not None and CUDA_HOME is not None:
-        # As specdec_fast.backends.cuda_arch: SPECDEC_FAST_CUDA_ARCH, else the GPU's, else 9.0.
+        # As specdec_fast.kernels.build.cuda_arch: SPECDEC_FAST_CUDA_ARCH, else the GPU's, else 9.0.
         gpu = "%d.%d" % torch.cuda.get_device_capability() if torch.cuda.is_available() else "9.0"
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", os.environ.get("SPECDEC_FAST_CUDA_ARCH", gpu))
         extensions.append(CUDAExtension("specdec_fast._cuda", ["csrc/cuda/ops.cpp", "csrc/cuda/kernels.cu"],
@@ -56,7 +56,10 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_packages(include=["specdec_fast", "specdec_fast.*", "triton_kernels"]),
+    # The Triton kernels live in the top-level triton_kernels/ folder and install as specdec_fast._triton
+    # (a top-level module named triton_kernels would shadow the package of that name that triton publishes).
+    packages=find_packages(include=["specdec_fast", "specdec_fast.*"]) + ["specdec_fast._triton"],
+    package_dir={"specdec_fast._triton": "triton_kernels"},
     package_data={"specdec_fast.data": ["*.safetensors", "*.json", "*.md"]},
     install_requires=[
         "torch>=2.4",
@@ -72,7 +75,8 @@ setup(
         "matplotlib>=3.7",
         "prometheus-client>=0.17",
     ],
-    extras_require={"test": ["pytest>=8", "hypothesis>=6.100", "scipy>=1.10"], "quant": ["torchao>=0.10"]},
+    extras_require={"test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "import-linter>=2.1"],
+                    "quant": ["torchao>=0.10"]},
     entry_points={"console_scripts": ["specdec-fast=specdec_fast.cli:main"]},
     ext_modules=extensions,
     cmdclass={"build_py": BuildPyWithSources, **build_ext},

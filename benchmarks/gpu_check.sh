@@ -8,16 +8,18 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results/gpu}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 SPECDEC_FAST_CACHE=/tmp/specdec_fast_cache MAX_JOBS=16
+export PYTHONUNBUFFERED=1 SPECDEC_FAST_CACHE=/tmp/specdec_fast_cache MAX_JOBS=16
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+# The package as users install it (triton_kernels/ becomes specdec_fast._triton), against the machine's own torch.
+python3 -m pip install -q --no-deps --no-build-isolation -e . || { echo "install failed"; exit 1; }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 
 # Both C++ builds at once (the CPU one only because some test modules load every backend).
 SECONDS=0
-python3 -c "from specdec_fast.backends import unavailable; print('cpu:', unavailable('cpu'))" &
-timeout 200 python3 -c "from specdec_fast.backends import unavailable; print('cuda:', unavailable('cuda'))"
+python3 -c "from specdec_fast.kernels.backends import unavailable; print('cpu:', unavailable('cpu'))" &
+timeout 200 python3 -c "from specdec_fast.kernels.backends import unavailable; print('cuda:', unavailable('cuda'))"
 wait
 echo "builds: ${SECONDS} s" | tee -a "$OUT/gpu.txt"
 
@@ -40,8 +42,7 @@ for B, K, V in [(2, 3, 1001), (1, 8, 262144), (64, 4, 49152)]:
 # the GPU, the feature pair with first-token alternatives among them (TESTS=on_cuda).
 SECONDS=0
 timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -p no:cacheprovider --durations=8 -k "${TESTS:-cuda}" \
-    tests/test_backends.py tests/test_verify.py tests/test_verify_block.py tests/test_fuzz.py tests/test_generate.py tests/test_batch.py \
-    tests/test_feature_draft.py 2>&1 | tee "$OUT/tests.log" | tail -n 40
+    tests/kernels tests/decoding tests/drafts/test_feature_draft.py 2>&1 | tee "$OUT/tests.log" | tail -n 40
 echo "tests: ${SECONDS} s" | tee -a "$OUT/gpu.txt"
 
 # The verify microbenchmark on the GPU (same grid as on the CPU); BENCH=0 skips it.

@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import os
 
-import pytest
 import torch
 
-if not torch.cuda.is_available():  # the Triton kernels run on the CPU under the interpreter
+# Before triton is imported (transformers may import it): where there is no GPU, the Triton
+# kernels run on the CPU under the interpreter.
+if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+import pytest  # noqa: E402
 
-def tiny_llama(seed: int, vocab: int = 8, layers: int = 2, hidden: int = 32, init: float = 0.2, context: int = 64):
-    """A random LlamaForCausalLM; init 0.2 makes its distributions peaked and far from another seed's."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+from specdec_fast.models import load_smollm2  # noqa: E402
 
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
-        initializer_range=init, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval()
+from helpers.models import tiny_llama  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +27,15 @@ def tiny_pair():
 @pytest.fixture(scope="session")
 def smollm2():
     """(model, tokenizer) of SmolLM2-135M-Instruct, converted once into the user cache."""
-    from specdec_fast import load_smollm2
-
     return load_smollm2()
+
+
+def pytest_collection_modifyitems(items):
+    """The fast tier (-m "not slow") runs Triton under the interpreter (no GPU) on vocabularies of
+    up to 4,096 entries: an interpreted program walks a row in Python-driven tiles, so 49,152 and
+    262,144 entries take seconds per case. Those cases and the interpreted fuzzer run in the full suite."""
+    for item in items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        interpreted = params.get("backend") == "triton" and params.get("device") == "cpu"
+        if interpreted and (params.get("vocab", 0) > 4096 or item.originalname.startswith("test_fuzz")):
+            item.add_marker(pytest.mark.slow)

@@ -1,8 +1,9 @@
 """Triton kernels of specdec_fast: verify (token-wise and block), draft step and counter-based uniforms.
 
-Importing this package registers them as the ops ``torch.ops.specdec_fast.triton_verify``,
-``triton_verify_block``, ``triton_draft_step`` and ``triton_philox_uniforms`` (schemas and fake implementations in
-specdec_fast/backends.py). They run on CUDA tensors, and on CPU tensors under
+This folder installs as ``specdec_fast._triton``. Importing it registers the kernels as the ops
+``torch.ops.specdec_fast.triton_verify``, ``triton_verify_block``, ``triton_draft_step`` and
+``triton_philox_uniforms`` (schemas and fake implementations in specdec_fast/kernels/registry.py,
+which must be imported first: specdec_fast.kernels.backends does both). They run on CUDA tensors, and on CPU tensors under
 ``TRITON_INTERPRET=1`` (how the tests run them without a GPU).
 """
 

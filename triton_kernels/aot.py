@@ -1,7 +1,7 @@
 """Compile the Triton kernels for a GPU target without a GPU (a build check; the math is
 tested under TRITON_INTERPRET=1, which cannot compile).
 
-    python -m triton_kernels.aot [--arch 90]    # prints each kernel's cubin size
+    python -m specdec_fast._triton.aot [--arch 90]    # prints each kernel's cubin size
 """
 
 import argparse

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import statistics
 
-from ..generate import fast_generate, warmup
-from ..learned_policy import POLICY_FILES, default_policy
+from ..decoding import fast_generate, warmup
+from ..policies.shipped import POLICY_FILES, default_policy
 from .common import machine, markdown_table, write_results
 from .efficiency import EfficiencyBenchmark
 

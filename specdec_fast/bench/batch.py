@@ -20,10 +20,13 @@ import statistics
 import torch
 from tqdm import tqdm
 
-from ..batch import BatchedLM, batch_generate, batched_pair, right_aligned
-from ..generate import warmup
-from ..learned_policy import POLICY_FILES, default_policy, expected_tokens
-from .common import RESULTS, machine, markdown_table, medians_in_turn, write_results
+from ..decoding import batch_generate, warmup
+from ..drafts.binding import batched_pair
+from ..models.batched_lm import BatchedLM, right_aligned
+from ..policies.costs import expected_tokens
+from ..policies.measure import medians_in_turn
+from ..policies.shipped import POLICY_FILES, default_policy
+from .common import RESULTS, machine, markdown_table, pyplot, write_results
 from .efficiency import EfficiencyBenchmark, paired_order
 
 BASELINE = "autoregressive"
@@ -133,11 +136,7 @@ def table(data: dict) -> str:
 
 def plot(data: dict, name: str) -> None:
     """Speedup over batched autoregressive decoding vs batch size, per method, one panel per temperature."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     temperatures = data["settings"]["temperatures"]
     fig, axes = plt.subplots(1, len(temperatures), figsize=(6 * len(temperatures), 4.5), squeeze=False)
     batches = [r["batch"] for r in data["results"]]

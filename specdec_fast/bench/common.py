@@ -11,14 +11,15 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+import transformers
+
+from ..policies.measure import medians_in_turn
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def machine() -> dict:
     """The machine and library versions, recorded with every result."""
-    import transformers
-
     cpu = platform.processor() or platform.machine()
     try:
         for line in open("/proc/cpuinfo"):
@@ -56,20 +57,6 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> floa
     return medians_in_turn([fn], repeats, warmup)[0]
 
 
-def medians_in_turn(fns: list[Callable[[], object]], repeats: int, warmup: int = 2) -> list[float]:
-    """Median wall seconds of each of ``fns`` (CPU), called in turn, one call of each per repeat, so a
-    change in the machine's speed reaches all of them alike (this VM's speed moves in steps: timed
-    one after another, a 2-token target pass once measured 0.8x a 1-token pass)."""
-    times = [[] for _ in fns]
-    for repeat in range(warmup + repeats):
-        for samples, fn in zip(times, fns):
-            start = time.perf_counter()
-            fn()
-            if repeat >= warmup:
-                samples.append(time.perf_counter() - start)
-    return [statistics.median(samples) for samples in times]
-
-
 def write_results(name: str, data: dict, table: str, out_dir: Path = RESULTS) -> Path:
     """Write ``<name>.json`` and ``<name>.md`` under ``out_dir``; returns the JSON path."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -89,3 +76,14 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(x) for x in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def pyplot():
+    """matplotlib.pyplot with a file-only backend. Imported when a benchmark draws, not before:
+    matplotlib takes ~0.5 s to import and only the plots need it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

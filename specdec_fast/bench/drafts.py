@@ -15,11 +15,12 @@ from __future__ import annotations
 import torch
 from tqdm import tqdm
 
-from ..feature_draft import FeatureDraft, feature_pair, load_feature_draft
-from ..generate import fast_generate
-from ..smollm2 import use_fast_passes
+from ..decoding import fast_generate
+from ..drafts.feature import FeatureDraft, load_feature_draft
+from ..drafts.feature_lm import feature_pair
+from ..models.fast_passes import use_fast_passes
+from ..policies.measure import step_costs
 from .common import machine, markdown_table, write_results
-from .e2e import step_costs
 from .efficiency import EfficiencyBenchmark
 
 

@@ -17,8 +17,10 @@ from typing import Callable, Sequence
 
 from tqdm import tqdm
 
-from ..prompts import chat_prompt_ids, heldout_prompts
-from .common import RESULTS
+from ..data.prompts import heldout_prompts
+from ..decoding.requests import chat_prompt_ids
+from ..drafts.shipped import load_pair
+from .common import RESULTS, pyplot
 
 # A method: (prompt ids, settings {max_new_tokens, temperature, seed, eos_token_id}) -> metrics,
 # at least {"tps": tokens per second}; "method" and "verifier" entries override the row's labels.
@@ -50,8 +52,6 @@ class EfficiencyBenchmark:
         """The SmolLM2 pair with the shipped ``draft`` (:func:`~specdec_fast.smollm2.load_pair`: "token",
         transformers models; "feature", bound CachedLMs, or the models if ``models``) and an evenly
         spaced subset of the held-out prompts (every kind of prompt stays in)."""
-        from ..smollm2 import load_pair
-
         target, draft, tokenizer = load_pair(draft, models)
         prompts = heldout_prompts()
         if num_prompts:
@@ -103,11 +103,7 @@ class EfficiencyBenchmark:
 def plot_speedups(summary: list[dict], name: str, title: str, ratio: str = "speedup") -> None:
     """Bars of each method's median ``ratio`` (a value of ``RATIOS``) over the baseline, one panel
     per temperature, as <name>.png."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     temperatures = sorted({s["temperature"] for s in summary})
     fig, axes = plt.subplots(1, len(temperatures), figsize=(7 * len(temperatures), 5), squeeze=False)
     colors = {"-": "tab:gray", "token": "tab:blue", "block": "tab:orange"}

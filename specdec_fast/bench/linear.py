@@ -13,9 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..attention import NAME, use_packed_gqa
-from ..cached_lm import HFCachedLM
-from ..linear import MAX_ROWS, SkinnyLinear, skinny_linear
+from ..kernels.linear import MAX_ROWS, skinny_linear
+from ..models.attention import NAME, use_packed_gqa
+from ..models.cached_lm import HFCachedLM
+from ..models.fast_passes import SkinnyLinear
+from ..models.smollm2 import load_smollm2
 from .common import machine, markdown_table, median_time, write_results
 
 SHAPES = {"q/o proj 576x576": (576, 576), "gate/up 1536x576": (1536, 576), "down 576x1536": (576, 1536),
@@ -58,8 +60,6 @@ def target_passes(model, configs: dict[str, tuple[bool, bool]], repeats: int) ->
 
 
 def run(repeats: int, out_name: str = "linear") -> dict:
-    from ..smollm2 import load_smollm2
-
     rows = []
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k) / k**0.5

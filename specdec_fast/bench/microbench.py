@@ -22,10 +22,12 @@ import itertools
 
 import torch
 from tqdm import tqdm
+from transformers.generation.utils import _speculative_sampling
 
-from ..backends import AUTO_ORDER, op, unavailable
-from ..reference import verify_reference
-from .common import machine, markdown_table, time_samples, write_results
+from ..kernels.backends import AUTO_ORDER, unavailable
+from ..kernels.reference import verify_reference
+from ..kernels.registry import op
+from .common import RESULTS, machine, markdown_table, pyplot, time_samples, write_results
 
 
 def read_bandwidth(device: str, repeats: int = 5) -> float:
@@ -56,8 +58,6 @@ def bytes_read(args, num_accepted: torch.Tensor) -> int:
 
 
 def hf_speculative_sampling(args):
-    from transformers.generation.utils import _speculative_sampling
-
     logits, q, x = args[0], args[1], args[2]
     # Older transformers (5.17, say) also take is_done_candidate (whether the draft ended on EOS).
     older = "is_done_candidate" in inspect.signature(_speculative_sampling).parameters
@@ -105,13 +105,7 @@ def table(data: dict) -> str:
 
 def plot(data: dict, out_name: str) -> None:
     """Fraction of the read bandwidth per backend vs B (K = max, fp32), one line per V."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .common import RESULTS
-
+    plt = pyplot()
     kernels = sorted({r["backend"] for r in data["rows"]} - {"torch"})
     k = max(r["K"] for r in data["rows"])
     fig, axes = plt.subplots(1, max(1, len(kernels)), figsize=(5 * max(1, len(kernels)), 4), squeeze=False)

@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import torch
 
-from ..generate import fast_generate, generate_autoregressive
-from ..learned_policy import POLICY_FILES, CostAwarePolicy, CostModel, NetworkPolicy, default_policy, load_policy
-from ..ops import verify
-from ..policy import ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule
+from ..decoding import fast_generate, generate_autoregressive
+from ..kernels import SamplingParams, verify
+from ..policies.baselines import ConfidenceThreshold, EntropyStop, FixedDraftLength, HeuristicSchedule
+from ..policies.costs import CostModel
+from ..policies.learned import CostAwarePolicy, NetworkPolicy
+from ..policies.measure import step_costs
+from ..policies.shipped import POLICY_FILES, default_policy, load_policy
 from .common import machine, markdown_table, write_results
-from .e2e import step_costs
 from .efficiency import EfficiencyBenchmark, plot_speedups
 
 
@@ -80,7 +82,7 @@ def paired_accepted(target_logits, draft_probs, draft_tokens, temperature: float
     """Expected accepted tokens of one round's drafts under each verifier, over `draws` uniform draws."""
     batch = lambda t: t[None].expand(draws, *t.shape)  # noqa: E731
     args = (batch(target_logits), batch(draft_probs), batch(draft_tokens))
-    return {rule: float(verify(*args, temperature=temperature, verifier=rule, seed=torch.arange(draws), offset=0)
+    return {rule: float(verify(*args, sampling=SamplingParams(temperature), verifier=rule, seed=torch.arange(draws), offset=0)
                         .num_accepted.double().mean()) for rule in ("token", "block")}
 
 

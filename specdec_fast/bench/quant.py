@@ -19,14 +19,13 @@ import warnings
 
 import torch
 
-from ..attention import use_packed_gqa
-from ..drafts import default_draft
-from ..feature_draft import FeatureDraftLM, default_feature_draft
-from ..generate import fast_generate, generate_autoregressive, warmup
-from ..linear import use_int8_weights
-from ..smollm2 import use_fast_passes
+from ..decoding import fast_generate, generate_autoregressive, warmup
+from ..drafts.feature_lm import FeatureDraftLM
+from ..drafts.shipped import default_draft, default_feature_draft
+from ..models.attention import use_packed_gqa
+from ..models.fast_passes import use_fast_passes, use_int8_weights
+from ..policies.measure import pass_medians
 from .common import machine, markdown_table, write_results
-from .e2e import pass_medians
 from .efficiency import EfficiencyBenchmark, plot_speedups
 
 

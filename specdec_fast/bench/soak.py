@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from ..batch import batch_generate
-from ..generate import fast_generate, warmup
-from ..learned_policy import default_policy
+from ..decoding import batch_generate, fast_generate, warmup
+from ..policies.shipped import default_policy
 from .common import machine, markdown_table, write_results
 from .efficiency import EfficiencyBenchmark
 

@@ -1,0 +1,114 @@
+"""Batched speculative decoding (``batch_generate``): B requests through both models together,
+one cache per model holding every row (:class:`~specdec_fast.models.batched_lm.BatchedLM`), the
+rounds of :mod:`specdec_fast.decoding.round`. Finished rows leave the batch, so they cost
+nothing afterwards. A request draws its randomness from its own generator, exactly as
+``fast_generate`` draws it, so with a fixed draft length its output is ``fast_generate``'s for
+the same seed, whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ..drafts.binding import batched_pair
+from ..kernels import SamplingParams
+from ..policies.baselines import FixedDraftLength
+from ..policies.mdp import DraftPolicy
+from .outputs import BatchGenerationOutput, GenerationOutput, GenerationStats
+from .requests import Request, check_budget, decode_text, eos_ids, prompt_ids
+from .round import prefill, speculative_round
+
+
+def request_ids(prompts: Sequence[str] | None, input_ids, tokenizer) -> list[list[int]]:
+    """The token ids of each request, from B text ``prompts`` or B ``input_ids``."""
+    if (prompts is None) == (input_ids is None):
+        raise ValueError("pass exactly one of prompts or input_ids")
+    if prompts is not None:
+        if isinstance(prompts, str):
+            raise ValueError("prompts must be a list of strings (one per request), got a single string")
+        requests = [prompt_ids(None, p, tokenizer) for p in prompts]
+    else:
+        requests = [prompt_ids(ids, None, None) for ids in input_ids]
+    if not requests:
+        raise ValueError("empty batch: pass at least one prompt")
+    return requests
+
+
+def batch_generate(
+    target,
+    draft,
+    prompts: Sequence[str] | None = None,
+    *,
+    input_ids: Sequence[Tensor | Sequence[int]] | None = None,
+    tokenizer=None,
+    max_new_tokens: int = 128,
+    temperature: float | Sequence[float] = 1.0,
+    top_k: int | Sequence[int] = 0,
+    top_p: float | Sequence[float] = 1.0,
+    seeds: Sequence[int] | None = None,
+    num_draft_tokens: int = 4,
+    policy: DraftPolicy | None = None,
+    verifier: str = "token",
+    eos_token_id: int | Sequence[int] | None = None,
+) -> BatchGenerationOutput:
+    """Speculative decoding of a batch of requests; each follows the target's distribution exactly.
+
+    Args:
+        target, draft: transformers causal LMs with the same vocabulary, on the same device,
+            or the target and a :class:`~specdec_fast.drafts.feature.FeatureDraft` built on it;
+            ``draft=None`` is batched autoregressive decoding of the target (the baseline).
+        prompts: B text prompts (with ``tokenizer``), or ``input_ids``: B token sequences.
+        temperature, top_k, top_p: one value for all requests or one per request.
+        seeds: one per request (default: random); request b's output depends on its own
+            prompt, settings and seed only (with a fixed draft length).
+        num_draft_tokens: draft length of every round, unless ``policy`` chooses it; a
+            policy is asked with ``rows`` = the sequences still running (see :mod:`specdec_fast.policies.mdp`).
+        verifier, eos_token_id: as for :func:`~specdec_fast.decoding.speculative.fast_generate`.
+
+    Returns:
+        BatchGenerationOutput: per-request outputs (at most ``max_new_tokens`` new tokens each),
+        the batch's wall time and draft lengths.
+    """
+    ids = request_ids(prompts, input_ids, tokenizer)
+    batch = len(ids)
+    target_lm, draft_lm = batched_pair(target, draft, batch)
+    for prompt in ids:
+        check_budget(prompt, max_new_tokens, [lm for lm in (target_lm, draft_lm) if lm is not None])
+    seeds = list(seeds) if seeds is not None else [torch.seed() for _ in range(batch)]
+    if len(seeds) != batch:
+        raise ValueError(f"seeds must have one entry per request ({batch}), got {len(seeds)}")
+    sampling = SamplingParams(temperature, top_k, top_p)
+    sampling.as_tensors(batch)  # one setting, or one per request
+    policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
+    eos = eos_ids(eos_token_id, target, tokenizer)
+
+    start = time.perf_counter()
+    requests = [Request(prompt, max_new_tokens, torch.Generator().manual_seed(int(seed)),
+                        GenerationStats(prompt_tokens=len(prompt))) for prompt, seed in zip(ids, seeds)]
+    prefill(target_lm, draft_lm, requests)
+    for r in requests:
+        r.stats.prefill_s = time.perf_counter() - start
+    active = list(range(batch))  # the request of each cache row
+    draft_lengths: list[int] = []
+    while active:
+        running = [requests[b] for b in active]
+        longest = max(r.remaining for r in running) - 1
+        k = min(policy.begin_round(longest, len(active)), longest) if draft_lm is not None else 0
+        done = speculative_round(target_lm, draft_lm, running, k, sampling.rows(active), verifier, eos)
+        draft_lengths.append(k)
+        still = [b for b, (r, tokens) in enumerate(zip(running, done.committed)) if tokens[-1] not in eos and r.remaining]
+        for b in set(range(len(active))) - set(still):
+            running[b].stats.wall_s = time.perf_counter() - start
+        if len(still) < len(active):  # finished rows leave the batch
+            for lm in (target_lm, draft_lm) if draft_lm is not None else (target_lm,):
+                lm.select(torch.tensor(still, dtype=torch.int64))
+        # The policy is charged the whole round: drafting, then everything after it.
+        policy.observe(k, sum(done.verified.accepted) / len(active), done.draft_s, done.target_s, len(active))
+        active = [active[b] for b in still]
+
+    outputs = [GenerationOutput(r.new_tokens, decode_text(tokenizer, r.new_tokens), r.stats) for r in requests]
+    return BatchGenerationOutput(outputs, time.perf_counter() - start, draft_lengths)

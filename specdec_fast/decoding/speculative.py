@@ -1,0 +1,109 @@
+"""Speculative decoding of one sequence (``fast_generate``): the round of
+:mod:`specdec_fast.decoding.round` for a batch of one, with the policy asked token by token,
+optional first-token alternatives, streaming and a per-round hook."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..drafts.binding import cached_pair
+from ..kernels import SamplingParams
+from ..models.batched_lm import OneSequence
+from ..policies.baselines import FixedDraftLength
+from ..policies.mdp import DraftPolicy
+from .alternatives import alternatives_round, check_alternatives
+from .outputs import GenerationOutput, GenerationStats
+from .requests import Request, check_budget, decode_text, eos_ids, prompt_ids
+from .round import prefill, speculative_round
+
+
+def fast_generate(
+    target,
+    draft,
+    input_ids: Tensor | Sequence[int] | None = None,
+    *,
+    prompt: str | None = None,
+    tokenizer=None,
+    max_new_tokens: int = 128,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    num_draft_tokens: int = 4,
+    num_alternatives: int = 0,
+    policy: DraftPolicy | None = None,
+    verifier: str = "token",
+    seed: int | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    streamer=None,
+    on_round: Callable | None = None,
+) -> GenerationOutput:
+    """Speculative decoding of one sequence; the output follows the target's distribution exactly.
+
+    Args:
+        target, draft: transformers causal LMs or :class:`~specdec_fast.models.cached_lm.CachedLM`
+            objects with the same vocabulary, on the same device; or a transformers target and
+            a :class:`~specdec_fast.drafts.feature.FeatureDraft` built on it.
+        input_ids: the prompt, [S] or [1, S]; or ``prompt`` text with its ``tokenizer``.
+        temperature, top_k, top_p: sampling; temperature 0 is greedy (then the output equals
+            the target's own greedy decoding).
+        num_draft_tokens: draft length per round, unless ``policy`` chooses it.
+        num_alternatives: more candidates for each round's first drafted token, verified as
+            its siblings in the same target pass (see :mod:`specdec_fast.decoding.alternatives`); an
+            accepted one emits two tokens. Needs ``verifier="token"`` and a target with
+            ``extend_siblings`` / ``keep_sibling`` (every transformers target has them).
+        verifier: "token" (token-wise) or "block" (block verification: the same output
+            distribution, never fewer accepted tokens in expectation).
+        seed: seeds the generator of all randomness (draft sampling and verification).
+        eos_token_id: stop after this token (int or several); None takes the target's
+            generation config or the tokenizer's; ``()`` never stops early.
+        streamer: a transformers streamer (``put``/``end``, e.g. ``TextStreamer``); it gets
+            the prompt, then each round's new tokens.
+        on_round: called after each verification as ``on_round(target_logits [k+1, V],
+            draft_probs [k, V], draft_tokens [k], out: VerifyOutput)`` (traces, monitoring);
+            with alternatives, these are the chain's, before an alternative is chosen.
+
+    Returns:
+        GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.
+    """
+    sampling = SamplingParams(temperature, top_k, top_p)
+    target_lm, draft_lm = cached_pair(target, draft)
+    check_alternatives(num_alternatives, verifier, target_lm)
+    policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
+    eos = eos_ids(eos_token_id, target, tokenizer)
+    ids = prompt_ids(input_ids, prompt, tokenizer)
+    check_budget(ids, max_new_tokens, (target_lm, draft_lm))
+    generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+
+    start = time.perf_counter()
+    seq = Request(ids, max_new_tokens, generator, GenerationStats(prompt_tokens=len(ids)))
+    target_lm.reset()
+    draft_lm.reset()
+    one_target, one_draft = OneSequence(target_lm), OneSequence(draft_lm)
+    prefill(one_target, one_draft, [seq])
+    seq.stats.prefill_s = time.perf_counter() - start
+    if streamer is not None:
+        streamer.put(torch.tensor(ids))
+
+    while seq.remaining > 0:
+        k = min(policy.begin_round(seq.remaining - 1), seq.remaining - 1)
+        if num_alternatives:
+            r = alternatives_round(one_target, one_draft, seq, k, num_alternatives, sampling, eos, policy)
+        else:
+            r = speculative_round(one_target, one_draft, [seq], k, sampling, verifier, eos, policy)
+        drafts, verified, emitted = r.drafts, r.verified, r.committed[0]
+        policy.observe(drafts.lens[0], verified.accepted[0], r.draft_s, r.target_s)
+        if on_round is not None:
+            on_round(verified.target_logits[0], verified.draft_probs[0], drafts.tokens[0], verified.out)
+        if streamer is not None:
+            streamer.put(torch.tensor(emitted))
+        if emitted[-1] in eos:
+            break
+
+    seq.stats.wall_s = time.perf_counter() - start
+    if streamer is not None:
+        streamer.end()
+    return GenerationOutput(seq.new_tokens, decode_text(tokenizer, seq.new_tokens), seq.stats)

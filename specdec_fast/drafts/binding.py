@@ -1,0 +1,47 @@
+"""The one place that binds a draft to its target: what the decoding loops call to turn the
+``(target, draft)`` a user passes into the caches they run on.
+
+A transformers model becomes a cache of its own (:func:`~specdec_fast.models.cached_lm.as_cached_lm`,
+:class:`~specdec_fast.models.batched_lm.BatchedLM`); a :class:`~specdec_fast.drafts.feature.FeatureDraft`
+is bound to the target whose hidden states it reads (:mod:`specdec_fast.drafts.feature_lm`).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..models.batched_lm import BatchedLM
+from ..models.cached_lm import CachedLM, as_cached_lm
+from .feature import FeatureDraft
+from .feature_lm import BatchedFeatureDraft, BatchedFeatureTarget, feature_pair
+
+
+def check_pair(target_lm, draft_lm) -> None:
+    """Target and draft must share the vocabulary and (where they say) the device."""
+    if target_lm.vocab_size != draft_lm.vocab_size:
+        raise ValueError(f"vocabulary mismatch: target has {target_lm.vocab_size} logits, draft has {draft_lm.vocab_size}")
+    devices = getattr(target_lm, "device", None), getattr(draft_lm, "device", None)
+    if None not in devices and devices[0] != devices[1]:
+        raise ValueError(f"device mismatch: target is on {devices[0]}, draft on {devices[1]}")
+
+
+def cached_pair(target, draft) -> tuple[CachedLM, CachedLM]:
+    """The (target, draft) caches of one sequence: each model as :func:`as_cached_lm` makes it, or,
+    for a :class:`FeatureDraft` draft, the bound pair of :func:`feature_pair`. Checked with
+    :func:`check_pair`."""
+    pair = feature_pair(target, draft) if isinstance(draft, FeatureDraft) else (as_cached_lm(target), as_cached_lm(draft))
+    check_pair(*pair)
+    return pair
+
+
+def batched_pair(target: nn.Module, draft: nn.Module | None, batch: int) -> tuple[BatchedLM, BatchedLM | None]:
+    """The batch caches of ``target`` and ``draft`` (a transformers causal LM, a :class:`FeatureDraft`
+    of this target, or None for no draft). Checked with :func:`check_pair`."""
+    if isinstance(draft, FeatureDraft):
+        target_lm = BatchedFeatureTarget(target, batch)
+        pair = target_lm, BatchedFeatureDraft(draft, target_lm, batch)
+    else:
+        pair = BatchedLM(target, batch), BatchedLM(draft, batch) if draft is not None else None
+    if pair[1] is not None:
+        check_pair(*pair)
+    return pair

@@ -1,0 +1,51 @@
+"""The learned policies shipped for SmolLM2 (one per draft kind, ``specdec-fast train-policy``
+reproduces them): how a policy's networks and cost priors are saved and loaded."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from .costs import CostModel
+from .learned import PREDICTOR_OUTPUTS, AcceptancePredictor, CostAwarePolicy, PolicyNetwork, ValueNetwork
+from .mdp import FEATURES
+
+# The shipped policies, one per SmolLM2 draft kind (``specdec-fast train-policy --draft KIND``).
+POLICY_FILES = {kind: Path(str(resources.files("specdec_fast.data").joinpath(name)))
+                for kind, name in (("token", "policy.safetensors"), ("feature", "policy_feature.safetensors"))}
+
+
+def save_policy(path: Path, predictor: AcceptancePredictor, value: ValueNetwork, policy: PolicyNetwork,
+                metadata: dict) -> None:
+    """One safetensors file: the three networks' weights, and ``metadata`` (costs, calibration) as JSON."""
+    tensors = {f"{name}.{key}": t.contiguous() for name, net in (("predictor", predictor), ("value", value),
+                                                                   ("policy", policy)) for key, t in net.state_dict().items()}
+    save_file(tensors, str(path), metadata={"specdec_fast": json.dumps(metadata)})
+
+
+def load_policy(path: Path = POLICY_FILES["token"]) -> tuple[AcceptancePredictor, ValueNetwork, PolicyNetwork, dict]:
+    """The networks and metadata written by :func:`save_policy` (``specdec-fast train-policy``)."""
+    tensors = load_file(str(path))
+    with safe_open(str(path), "pt") as f:
+        metadata = json.loads(f.metadata()["specdec_fast"])
+    if metadata.get("features") != list(FEATURES) or metadata.get("outputs") != list(PREDICTOR_OUTPUTS):
+        raise ValueError(f"{path} predicts {metadata.get('outputs', ['accept', 'ratio'])} from the features "
+                         f"{metadata.get('features')}, this version {list(PREDICTOR_OUTPUTS)} from {list(FEATURES)}: "
+                         "retrain it with `specdec-fast train-policy`")
+    nets = AcceptancePredictor(metadata["hidden"]), ValueNetwork(metadata["hidden"]), PolicyNetwork(metadata["hidden"])
+    for name, net in zip(("predictor", "value", "policy"), nets):
+        net.load_state_dict({key.removeprefix(name + "."): t for key, t in tensors.items() if key.startswith(name + ".")})
+    return (*nets, metadata)
+
+
+def default_policy(verifier: str = "token", path: Path = POLICY_FILES["token"], max_draft_tokens: int = 8) -> CostAwarePolicy:
+    """A shipped cost-aware policy with its measured cost priors: by default the one trained on the
+    SmolLM2 token-draft pair (batch_generate's pair); ``POLICY_FILES["feature"]`` is the feature
+    pair's (the main job's)."""
+    predictor, _, _, metadata = load_policy(path)
+    costs = CostModel(metadata["draft_step_s"], {int(n): s for n, s in metadata["target_pass_s"].items()})
+    return CostAwarePolicy(predictor, costs, verifier=verifier, max_draft_tokens=max_draft_tokens)

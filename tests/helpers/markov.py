@@ -1,0 +1,160 @@
+"""A synthetic target/draft pair whose next-token distribution depends on the position and
+the previous token, so a verifier can be checked against the exact target distribution.
+
+One trial: draft up to K tokens from the draft chain, verify them, then complete the
+sequence to K+1 tokens by sampling the target chain. If the verifier is lossless the K+1
+tokens follow the target chain exactly, whatever the draft and the draft lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from specdec_fast import warp_logits
+
+from helpers.distribution import chi_square, counts
+
+START = 0  # the "previous token" before position 0
+
+
+@dataclass
+class MarkovPair:
+    target_logits: Tensor  # [K+1, V, V]: position, previous token -> logits
+    draft_logits: Tensor  # [K, V, V]
+    temperature: float
+    top_k: int
+    top_p: float
+
+    def warp(self, logits: Tensor) -> Tensor:
+        n = logits.shape[:-1]
+        return warp_logits(
+            logits,
+            torch.full(n, self.temperature),
+            torch.full(n, self.top_k, dtype=torch.int64),
+            torch.full(n, self.top_p),
+        )
+
+    @property
+    def k(self) -> int:
+        return self.draft_logits.shape[0]
+
+
+def make_pair(k: int, vocab: int, temperature: float, top_k: int, top_p: float, seed: int) -> MarkovPair:
+    g = torch.Generator().manual_seed(seed)
+    target = 2.0 * torch.randn(k + 1, vocab, vocab, generator=g)
+    draft = target[:k] + 1.5 * torch.randn(k, vocab, vocab, generator=g)  # related but different
+    return MarkovPair(target, draft, temperature, top_k, top_p)
+
+
+def run_trials(pair: MarkovPair, verify_fn: Callable, trials: int, seed: int) -> Tensor:
+    """Sequences [trials, K+1] produced by drafting, ``verify_fn`` and target completion.
+
+    ``verify_fn(target_logits, draft_probs, draft_tokens, draft_lens, generator)`` returns
+    a VerifyOutput. Draft lengths are uniform in [0, K], so every batch is ragged.
+    """
+    g = torch.Generator().manual_seed(seed)
+    k, vocab = pair.k, pair.target_logits.shape[-1]
+    lens = torch.randint(0, k + 1, (trials,), generator=g)
+
+    prev = torch.full((trials,), START)
+    draft_tokens, draft_probs, target_logits = [], [], []
+    for i in range(k + 1):
+        target_logits.append(pair.target_logits[i, prev])
+        if i == k:
+            break
+        q = pair.warp(pair.draft_logits[i, prev])
+        x = torch.multinomial(q, 1, generator=g).squeeze(-1)
+        draft_probs.append(q)
+        draft_tokens.append(x)
+        prev = x
+    out = verify_fn(
+        torch.stack(target_logits, 1),
+        torch.stack(draft_probs, 1) if k else torch.zeros(trials, 0, vocab),
+        torch.stack(draft_tokens, 1) if k else torch.zeros(trials, 0, dtype=torch.int64),
+        lens,
+        g,
+    )
+    assert (out.num_emitted == out.num_accepted + 1).all()
+    assert ((out.num_accepted >= 0) & (out.num_accepted <= lens)).all()
+
+    seq = out.tokens.clone()
+    for i in range(k + 1):  # complete each sequence from the target chain
+        prev = seq[:, i - 1] if i > 0 else torch.full((trials,), START)
+        fresh = torch.multinomial(pair.warp(pair.target_logits[i, prev]), 1, generator=g).squeeze(-1)
+        seq[:, i] = torch.where(i < out.num_emitted, seq[:, i], fresh)
+    assert ((seq >= 0) & (seq < vocab)).all()
+    return seq
+
+
+def exact_marginals(pair: MarkovPair) -> list[Tensor]:
+    """Exact marginal of the target chain at each position 0..K, each [V]."""
+    p = pair.warp(pair.target_logits)  # [K+1, V(prev), V]
+    marginals = [p[0, START]]
+    for i in range(1, pair.k + 1):
+        marginals.append(marginals[-1] @ p[i])
+    return marginals
+
+
+def failing_positions(pair: MarkovPair, seq: Tensor) -> list[str]:
+    """Chi-square of every position's marginal and of every adjacent pair's joint;
+    the list of those that fail (empty if the samples follow the target chain)."""
+    vocab = pair.target_logits.shape[-1]
+    p = pair.warp(pair.target_logits)
+    marginals = exact_marginals(pair)
+    failures = []
+    for i in range(pair.k + 1):
+        stat, threshold, df = chi_square(counts(seq[:, i], vocab), marginals[i])
+        if stat > threshold:
+            failures.append(f"position {i}: chi2 {stat:.1f} > {threshold:.1f} (df {df})")
+        if i > 0:
+            joint = marginals[i - 1][:, None] * p[i]  # [prev, next]
+            stat, threshold, df = chi_square(counts(seq[:, i - 1] * vocab + seq[:, i], vocab * vocab), joint)
+            if stat > threshold:
+                failures.append(f"positions {i - 1},{i}: chi2 {stat:.1f} > {threshold:.1f} (df {df})")
+    return failures
+
+
+class BigramLM:
+    """A model outside transformers that implements the CachedLM protocol: logits = table[last token].
+
+    Cheap enough for losslessness tests of thousands of fast_generate runs whose subject is
+    not the model (e.g. a draft-length policy)."""
+
+    def __init__(self, table: Tensor):
+        self.table, self.vocab_size, self.max_length = table, table.shape[0], None
+        self.tokens: list[int] = []
+
+    @property
+    def cache_length(self) -> int:
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
+        self.tokens += tokens.tolist()
+        return self.table[torch.tensor(self.tokens[-num_logits:])]
+
+    def crop(self, length: int) -> None:
+        del self.tokens[length:]
+
+
+def bigram_pair(vocab: int, seed: int) -> tuple[BigramLM, BigramLM]:
+    """(target, draft): random bigram tables, the draft's related to the target's but different."""
+    g = torch.Generator().manual_seed(seed)
+    target = 2.0 * torch.randn(vocab, vocab, generator=g)
+    return BigramLM(target), BigramLM(target + 1.5 * torch.randn(vocab, vocab, generator=g))
+
+
+def bigram_joint(lm: BigramLM, last_token: int, n_tokens: int) -> Tensor:
+    """P(the next n_tokens = z) at temperature 1 after ``last_token``, for every z: [V ** n_tokens],
+    z flattened as ((z_0 V + z_1) V + z_2) ..."""
+    p = torch.softmax(lm.table.double(), -1)
+    joint = p[last_token][None]  # [prefixes, last token]
+    for _ in range(n_tokens - 1):
+        joint = (joint[:, :, None] * p[None]).reshape(-1, lm.vocab_size)
+    return joint.flatten()

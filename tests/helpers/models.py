@@ -1,0 +1,72 @@
+"""Tiny random models and what the tests compare them with: the exact joint law of a target's
+first tokens, enumerated, and a feature draft that disagrees with its target."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from specdec_fast.decoding import batch_generate
+from specdec_fast.drafts.feature import FeatureDraft
+from specdec_fast.kernels import warp_logits
+
+PROMPT = [3, 1, 4, 1]
+NO_EOS = ()
+
+
+def tiny_llama(seed: int, vocab: int = 8, layers: int = 2, hidden: int = 32, init: float = 0.2, context: int = 64):
+    """A random LlamaForCausalLM; init 0.2 makes its distributions peaked and far from another seed's."""
+    config = LlamaConfig(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=context,
+        initializer_range=init, tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def exact_joint(model, prompt, n_tokens, temperature, top_k, top_p) -> torch.Tensor:
+    """P(first n_tokens = z) under the target, for every z: [V] * n_tokens, by enumeration."""
+    vocab = model.config.vocab_size
+    joint = torch.ones(1, dtype=torch.float64)
+    prefixes = torch.tensor([prompt])
+    for _ in range(n_tokens):
+        with torch.no_grad():
+            logits = model(prefixes).logits[:, -1]
+        n = logits.shape[0]
+        p = warp_logits(logits, torch.full((n,), temperature), torch.full((n,), top_k), torch.full((n,), top_p))
+        joint = (joint[:, None] * p.double()).flatten()
+        prefixes = torch.cat([prefixes.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(n)[:, None]], 1)
+    return joint
+
+
+def feature_draft(target, vocab_ids=None, seed: int = 5, num_layers: int = 1) -> FeatureDraft:
+    """A feature draft with random (untrained) fc weights, so that it disagrees with the target."""
+    vocab_ids = torch.arange(target.config.vocab_size) if vocab_ids is None else vocab_ids
+    torch.manual_seed(seed)
+    draft = FeatureDraft(target, vocab_ids, source_layer=1, num_layers=num_layers)
+    with torch.no_grad():
+        draft.fc.weight.normal_(0, 0.3)
+    return draft.eval()
+
+
+class CharTokenizer:
+    """Token ids = character codes mod 16 (no chat template): enough for prompt sets on tiny models."""
+
+    def __call__(self, text):
+        return SimpleNamespace(input_ids=[ord(c) % 16 for c in text])
+
+
+def batched_samples(target, draft, prompt: list[int], n_tokens: int, runs: int, rows: int = 64, **settings) -> torch.Tensor:
+    """The first ``n_tokens`` of ``runs`` independent generations (seeds 0..runs-1), [runs, n_tokens]:
+    ``batch_generate`` with ``rows`` requests at a time, each as ``fast_generate`` would give it for
+    its seed (the two run one round; tests/decoding/test_batch.py checks they agree seed by seed)."""
+    seqs = []
+    for start in range(0, runs, rows):
+        seeds = list(range(start, min(start + rows, runs)))
+        out = batch_generate(target, draft, input_ids=[prompt] * len(seeds), max_new_tokens=n_tokens, seeds=seeds,
+                             eos_token_id=NO_EOS, **settings)
+        seqs += [o.tokens for o in out.outputs]
+    return torch.tensor(seqs)
