@@ -55,28 +55,43 @@ setup(
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="Apache-2.0",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: C++",
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Typing :: Typed",
+    ],
     python_requires=">=3.10",
     # The Triton kernels live in the top-level triton_kernels/ folder and install as specdec_fast._triton
     # (a top-level module named triton_kernels would shadow the package of that name that triton publishes).
     packages=find_packages(include=["specdec_fast", "specdec_fast.*"]) + ["specdec_fast._triton"],
     package_dir={"specdec_fast._triton": "triton_kernels"},
-    package_data={"specdec_fast.data": ["*.safetensors", "*.json", "*.md"]},
+    package_data={"specdec_fast.data": ["*.safetensors", "*.json", "*.md"],
+                  "specdec_fast.transformers_generate": ["custom_generate/*.py"], "specdec_fast": ["py.typed"]},
+    # What the decoding loop, the kernel builds, the SmolLM2 loader (the main job) and the training
+    # and benchmark commands' progress bars need; plots and Prometheus export are extras.
     install_requires=[
         "torch>=2.4",
         "triton>=3.0; platform_system == 'Linux'",
-        "transformers>=5.0",
+        "transformers>=5.0",  # the lowest version the tests ran with (DynamicCache(config=), AttentionInterface)
+        "safetensors>=0.4",
+        "ninja>=1.11",  # just-in-time kernel builds
         "gguf>=0.10",  # SmolLM2 ships as GGUF
         "accelerate>=1.0",
-        "safetensors>=0.4",
-        "numpy>=1.24",
         "tqdm>=4.60",
-        "ninja>=1.11",
-        "pybind11>=2.12",
-        "matplotlib>=3.7",
-        "prometheus-client>=0.17",
     ],
-    extras_require={"test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "import-linter>=2.1"],
-                    "quant": ["torchao>=0.10"]},
+    extras_require={
+        "bench": ["matplotlib>=3.7"],
+        "monitoring": ["prometheus-client>=0.17"],
+        "quant": ["torchao>=0.10"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "import-linter>=2.1", "numpy>=1.24",
+                 "matplotlib>=3.7", "prometheus-client>=0.17"],
+    },
     entry_points={"console_scripts": ["specdec-fast=specdec_fast.cli:main"]},
     ext_modules=extensions,
     cmdclass={"build_py": BuildPyWithSources, **build_ext},

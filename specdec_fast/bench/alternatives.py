@@ -11,6 +11,7 @@ round (new tokens / target verification passes) and of the share of rounds an al
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from ..decoding import fast_generate, warmup
 from ..policies.shipped import POLICY_FILES, default_policy
@@ -19,7 +20,7 @@ from .efficiency import EfficiencyBenchmark
 
 
 def run(num_prompts: int | None, lengths: list[int], counts: list[int], temperatures: list[float],
-        max_new_tokens: int, out_name: str = "alternatives") -> dict:
+        max_new_tokens: int, out: Path = Path("results/alternatives")) -> dict:
     bench = EfficiencyBenchmark.default(num_prompts, draft="feature", max_new_tokens=max_new_tokens,
                                         temperatures=temperatures)
     warmup(bench.target, bench.draft, num_alternatives=max(counts))
@@ -43,7 +44,7 @@ def run(num_prompts: int | None, lengths: list[int], counts: list[int], temperat
     data = dict(machine=machine(), settings=dict(prompts=len(bench.prompts), lengths=lengths, alternatives=counts,
                                                 temperatures=temperatures, max_new_tokens=max_new_tokens),
                 summary=summary, runs=runs)
-    write_results(out_name, data, table(data))
+    write_results(out, data, table(data))
     return data
 
 

@@ -16,6 +16,7 @@ E[N] / (k c_B + v_B(k)) with the acceptance measured at that length.
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -26,7 +27,7 @@ from ..models.batched_lm import BatchedLM, right_aligned
 from ..policies.costs import expected_tokens
 from ..policies.measure import medians_in_turn
 from ..policies.shipped import POLICY_FILES, default_policy
-from .common import RESULTS, machine, markdown_table, pyplot, write_results
+from .common import machine, markdown_table, pyplot, save_figure, write_results
 from .efficiency import EfficiencyBenchmark, paired_order
 
 BASELINE = "autoregressive"
@@ -51,8 +52,8 @@ def pass_costs(target, draft, prompts: list[list[int]], max_k: int, repeats: int
 
 
 def run(batches: list[int], lengths: list[int], temperatures: list[float], max_new_tokens: int, repeats: int,
-        draft_kind: str = "feature", out_name: str | None = None) -> dict:
-    """Writes benchmarks/results/``out_name`` (default batch_<draft_kind>).{json,md,png}."""
+        draft_kind: str = "feature", out: Path | None = None) -> dict:
+    """Writes ``out``.{json,md,png} (default results/batch_<draft_kind>)."""
     bench = EfficiencyBenchmark.default(None, draft_kind, models=True)
     target, draft = bench.target, bench.draft
     warmup(target, draft)
@@ -91,9 +92,9 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
     data = dict(machine=machine(), settings=dict(draft=draft_kind, batches=batches, lengths=lengths, temperatures=temperatures,
                                                  max_new_tokens=max_new_tokens, repeats=repeats),
                 results=results, crossover=crossover(results, temperatures))
-    out_name = out_name or f"batch_{draft_kind}"
-    write_results(out_name, data, table(data))
-    plot(data, out_name)
+    out = out or Path(f"results/batch_{draft_kind}")
+    write_results(out, data, table(data))
+    plot(data, out)
     return data
 
 
@@ -134,7 +135,7 @@ def table(data: dict) -> str:
             f"Crossover (smallest B where no fixed draft length beats autoregressive): {cross}.")
 
 
-def plot(data: dict, name: str) -> None:
+def plot(data: dict, out: Path) -> None:
     """Speedup over batched autoregressive decoding vs batch size, per method, one panel per temperature."""
     plt = pyplot()
     temperatures = data["settings"]["temperatures"]
@@ -150,5 +151,5 @@ def plot(data: dict, name: str) -> None:
                ylabel="speedup over batched autoregressive", title=f"T = {temperature:g}")
         ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=100)
+    save_figure(fig, out, dpi=100)
     plt.close(fig)

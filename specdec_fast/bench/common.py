@@ -15,8 +15,6 @@ import transformers
 
 from ..policies.measure import medians_in_turn
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-
 
 def machine() -> dict:
     """The machine and library versions, recorded with every result."""
@@ -57,15 +55,17 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> floa
     return medians_in_turn([fn], repeats, warmup)[0]
 
 
-def write_results(name: str, data: dict, table: str, out_dir: Path = RESULTS) -> Path:
-    """Write ``<name>.json`` and ``<name>.md`` under ``out_dir``; returns the JSON path."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"{name}.json"
+def write_results(out: Path, data: dict, table: str) -> Path:
+    """Write ``out``.json and ``out``.md (``out``: a folder and a file name without suffix, the folder
+    made if missing) and say where; returns the JSON path."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.with_suffix(".json")
     path.write_text(json.dumps(data, indent=1))
     m = data["machine"]
     gpu = f"{m['cuda']} GPU, " if m.get("cuda") else ""
     header = f"Machine: {gpu}{m['cpu']}, {m['cores']} cores, torch {m['torch']}, transformers {m['transformers']}, {m['date']}.\n\n"
-    (out_dir / f"{name}.md").write_text(header + table + "\n")
+    out.with_suffix(".md").write_text(header + table + "\n")
+    print(f"results: {path} and {out.with_suffix('.md')}")
     return path
 
 
@@ -81,9 +81,20 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
 def pyplot():
     """matplotlib.pyplot with a file-only backend. Imported when a benchmark draws, not before:
     matplotlib takes ~0.5 s to import and only the plots need it."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as error:
+        raise ImportError("plots need matplotlib: pip install 'specdec_fast[bench]'") from error
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, out: Path, dpi: int = 110) -> Path:
+    """Save ``fig`` as ``out``.png (the folder made if missing, nothing clipped); returns the path."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.with_suffix(".png")
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    return path

@@ -12,6 +12,8 @@ round. Counts are pooled rather than medians: the differences sought are a few p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from tqdm import tqdm
 
@@ -75,7 +77,7 @@ def loop_acceptance(target, draft: FeatureDraft, prompts: list[list[int]], k: in
 
 
 def run(paths: list[str], num_prompts: int | None, temperatures: list[float], k: int = 2, max_new_tokens: int = 128,
-        out_name: str = "drafts") -> dict:
+        out: Path = Path("results/drafts")) -> dict:
     bench = EfficiencyBenchmark.default(num_prompts, "feature", models=True)
     target = bench.target
     prompts = [bench.prompt_ids(i) for i in range(len(bench.prompts))]
@@ -92,7 +94,7 @@ def run(paths: list[str], num_prompts: int | None, temperatures: list[float], k:
                                                  max_new_tokens=max_new_tokens,
                                                  answer_positions=sum(len(ids) - 1 - start for start, ids in answers)),
                 drafts=rows)
-    write_results(out_name, data, table(data))
+    write_results(out, data, table(data))
     return data
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -24,7 +25,7 @@ from ..drafts.shipped import default_feature_draft
 from ..models.fast_passes import use_fast_passes
 from ..policies.costs import expected_tokens
 from ..policies.measure import step_costs
-from .common import RESULTS, machine, markdown_table, pyplot, write_results
+from .common import machine, markdown_table, pyplot, save_figure, write_results
 from .efficiency import EfficiencyBenchmark
 
 
@@ -39,7 +40,7 @@ def _hf_assisted(target, draft, ids: list[int], temperature: float, max_new_toke
 
 
 def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int], temperatures: list[float],
-        max_new_tokens: int, out_name: str = "e2e", alternatives: tuple[int, ...] = ()) -> dict:
+        max_new_tokens: int, out: Path = Path("results/e2e"), alternatives: tuple[int, ...] = ()) -> dict:
     """``alternatives``: for each count a and each feature length k, a row "feature k=K +a alt"."""
     bench = EfficiencyBenchmark.default(num_prompts, max_new_tokens=max_new_tokens, temperatures=temperatures)
     target, draft = bench.target, bench.draft
@@ -74,8 +75,8 @@ def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int],
                                                 lengths=lengths, feature_lengths=feature_lengths, temperatures=temperatures,
                                                 alternatives=list(alternatives)),
                 costs=costs, summary=summary, runs=runs)
-    write_results(out_name, data, table(summary, costs))
-    plot(summary, out_name)
+    write_results(out, data, table(summary, costs))
+    plot(summary, out)
     return data
 
 
@@ -121,25 +122,35 @@ def table(summary: list[dict], costs: dict) -> str:
             f"{costs['c_feature']:.3f} (feature draft); {v}.")
 
 
-def plot(summary: list[dict], name: str) -> None:
+def plot(summary: list[dict], out: Path) -> None:
+    """Measured speedup by draft length, one panel per temperature: one colour per draft, each
+    draft's Leviathan prediction in black dots with a marker of its own, transformers' assisted
+    generation dashed."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for temperature, color in zip(sorted({s["temperature"] for s in summary}), ["tab:blue", "tab:orange"]):
-        counts = sorted({s["alternatives"] for s in summary if s.get("alternatives")})
-        series = [("fast_generate", "k=", 0, "o-"), ("fast_generate, feature draft", "feature k=", 0, "s-")] + [
-            (f"feature draft +{a} alternatives", "feature k=", a, "^-.") for a in counts]
-        for label, prefix, a, marker in series:
+    temperatures = sorted({s["temperature"] for s in summary})
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(6 * len(temperatures), 4.2), squeeze=False, sharey=True)
+    counts = sorted({s["alternatives"] for s in summary if s.get("alternatives")})
+    series = [("token draft", "k=", 0, "tab:blue", "o-", "x:"), ("feature draft", "feature k=", 0, "tab:orange", "s-", "+:")] + [
+        (f"feature draft +{a} alternatives", "feature k=", a, "tab:green", "^-", None) for a in counts]
+    for ax, temperature in zip(axes[0], temperatures):
+        for label, prefix, a, color, style, predicted in series:
             ks = [s for s in summary if s["temperature"] == temperature and s["method"].startswith(prefix)
                   and s["alternatives"] == a]
-            ax.plot([s["k"] for s in ks], [s["speedup"] for s in ks], marker, color=color, label=f"{label} T={temperature:g}")
-            if not a:
-                ax.plot([s["k"] for s in ks], [s["predicted"] for s in ks], ":", color=color)
+            if not ks:
+                continue
+            ax.plot([s["k"] for s in ks], [s["speedup"] for s in ks], style, color=color, label=label)
+            if predicted:
+                ax.plot([s["k"] for s in ks], [s["predicted"] for s in ks], predicted, color="black", alpha=0.7,
+                        markersize=8, label=f"{label}: Leviathan prediction (loop costs)")
         hf = next(s for s in summary if s["temperature"] == temperature and s["method"] == "hf_assisted")
-        ax.axhline(hf["speedup"], color=color, linestyle="--", alpha=0.6, label=f"HF assisted T={temperature:g}")
-    ax.axhline(1.0, color="gray", linewidth=0.8)
-    ax.set_xlabel("draft length k")
-    ax.set_ylabel("speedup over the target alone (median)")
-    ax.set_title("SmolLM2-135M + distilled drafts, 2-core CPU\n(dotted: Leviathan prediction from the loop's costs)", fontsize=10)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=120)
+        ax.axhline(hf["speedup"], color="tab:purple", linestyle="--", label="transformers assisted generation")
+        ax.axhline(1.0, color="gray", linewidth=0.8)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.set(xlabel="draft length k", title=f"T = {temperature:g}")
+    axes[0][0].set_ylabel("speedup over the target alone (median)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, -0.02))
+    fig.suptitle("SmolLM2-135M-Instruct + distilled drafts, 2-core CPU", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    save_figure(fig, out, dpi=120)
+    plt.close(fig)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 from tqdm import tqdm
@@ -20,7 +21,7 @@ from tqdm import tqdm
 from ..data.prompts import heldout_prompts
 from ..decoding.requests import chat_prompt_ids
 from ..drafts.shipped import load_pair
-from .common import RESULTS, pyplot
+from .common import pyplot, save_figure
 
 # A method: (prompt ids, settings {max_new_tokens, temperature, seed, eos_token_id}) -> metrics,
 # at least {"tps": tokens per second}; "method" and "verifier" entries override the row's labels.
@@ -100,21 +101,28 @@ class EfficiencyBenchmark:
         return summary
 
 
-def plot_speedups(summary: list[dict], name: str, title: str, ratio: str = "speedup") -> None:
+def plot_speedups(summary: list[dict], out: Path, title: str, ratio: str = "speedup") -> None:
     """Bars of each method's median ``ratio`` (a value of ``RATIOS``) over the baseline, one panel
-    per temperature, as <name>.png."""
+    per temperature, each bar labelled with its value, the axis spanning the values (not from 0,
+    so a 5% difference shows), as ``out``.png."""
     plt = pyplot()
     temperatures = sorted({s["temperature"] for s in summary})
-    fig, axes = plt.subplots(1, len(temperatures), figsize=(7 * len(temperatures), 5), squeeze=False)
+    most = max(sum(1 for s in summary if s["temperature"] == t and ratio in s) for t in temperatures)
+    fig, axes = plt.subplots(1, len(temperatures), figsize=(7.5 * len(temperatures), 1.2 + 0.32 * most), squeeze=False)
     colors = {"-": "tab:gray", "token": "tab:blue", "block": "tab:orange"}
     for ax, temperature in zip(axes[0], temperatures):
         rows = [s for s in summary if s["temperature"] == temperature and ratio in s]
-        ax.barh([s["method"] if s["verifier"] == "-" else f"{s['method']} ({s['verifier']})" for s in rows],
-                [s[ratio] for s in rows], color=[colors.get(s["verifier"], "tab:green") for s in rows])
+        values = [s[ratio] for s in rows]
+        bars = ax.barh([s["method"] if s["verifier"] == "-" else f"{s['method']} ({s['verifier']})" for s in rows],
+                       values, color=[colors.get(s["verifier"], "tab:green") for s in rows])
+        ax.bar_label(bars, fmt="%.2f", fontsize=7, padding=2)
+        lo, hi = min(values + [1.0]), max(values + [1.0])
+        ax.set_xlim(lo - 0.15 * (hi - lo) - 0.02, hi + 0.15 * (hi - lo) + 0.05)
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize=8)
         ax.set(xlabel=f"{ratio.replace('_', ' ')} over the baseline (median over prompts)",
                title=f"{title}, T = {temperature:g}")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{name}.png", dpi=100)
+    save_figure(fig, out, dpi=100)
     plt.close(fig)

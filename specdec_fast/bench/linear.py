@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -59,7 +60,7 @@ def target_passes(model, configs: dict[str, tuple[bool, bool]], repeats: int) ->
     return {cell: statistics.median(x) for cell, x in samples.items()}
 
 
-def run(repeats: int, out_name: str = "linear") -> dict:
+def run(repeats: int, out: Path = Path("results/linear")) -> dict:
     rows = []
     for name, (n, k) in SHAPES.items():
         w = torch.randn(n, k) / k**0.5
@@ -75,7 +76,7 @@ def run(repeats: int, out_name: str = "linear") -> dict:
     model = [dict(cached=c, tokens=m, **{f"{kind}_ms": t[kind, c, m] * 1e3 for kind in configs},
                   **{f"{kind}_v": t[kind, c, m] / t[kind, c, 1] for kind in configs}) for c in CACHED for m in ROWS]
     data = dict(machine=machine(), settings=dict(repeats=repeats, max_rows=MAX_ROWS), ops=rows, target_pass=model)
-    write_results(out_name, data, table(data))
+    write_results(out, data, table(data))
     return data
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -27,7 +28,7 @@ from transformers.generation.utils import _speculative_sampling
 from ..kernels.backends import AUTO_ORDER, unavailable
 from ..kernels.reference import verify_reference
 from ..kernels.registry import op
-from .common import RESULTS, machine, markdown_table, pyplot, time_samples, write_results
+from .common import machine, markdown_table, pyplot, save_figure, time_samples, write_results
 
 
 def read_bandwidth(device: str, repeats: int = 5) -> float:
@@ -65,8 +66,8 @@ def hf_speculative_sampling(args):
     return lambda: _speculative_sampling(x, q.log(), x.shape[1], logits.float(), **extra)
 
 
-def run(batches, lengths, vocabs, dtypes, repeats: int = 5, device: str = "cpu", out_name: str = "microbench") -> dict:
-    """Time every backend that runs on ``device`` over the grid; writes ``<out_name>.{json,md,png}``."""
+def run(batches, lengths, vocabs, dtypes, repeats: int = 5, device: str = "cpu", out: Path = Path("results/microbench")) -> dict:
+    """Time every backend that runs on ``device`` over the grid; writes ``out``.{json,md,png}."""
     kernels = {"torch": verify_reference}
     kernels |= {name: op("verify", name) for name in AUTO_ORDER[device] if unavailable(name) is None}
     bandwidth = read_bandwidth(device)
@@ -88,8 +89,8 @@ def run(batches, lengths, vocabs, dtypes, repeats: int = 5, device: str = "cpu",
                              speedup_vs_hf=hf / t["median"] if hf else None,
                              gbps=moved / t["median"] / 1e9, bandwidth_fraction=moved / t["median"] / bandwidth))
     data = dict(machine=machine(), device=device, read_bandwidth_gbps=bandwidth / 1e9, rows=rows)
-    write_results(out_name, data, table(data))
-    plot(data, out_name)
+    write_results(out, data, table(data))
+    plot(data, out)
     return data
 
 
@@ -103,7 +104,7 @@ def table(data: dict) -> str:
             f"{data['read_bandwidth_gbps']:.1f} GB/s.")
 
 
-def plot(data: dict, out_name: str) -> None:
+def plot(data: dict, out: Path) -> None:
     """Fraction of the read bandwidth per backend vs B (K = max, fp32), one line per V."""
     plt = pyplot()
     kernels = sorted({r["backend"] for r in data["rows"]} - {"torch"})
@@ -119,4 +120,5 @@ def plot(data: dict, out_name: str) -> None:
                title=f"{name} verify, K={k}, fp32 logits", ylim=(0, 1))
         ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{out_name}.png", dpi=100)
+    save_figure(fig, out, dpi=100)
+    plt.close(fig)

@@ -29,6 +29,8 @@ variance), pooled over the prompts' rounds, per draft length.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from ..decoding import fast_generate, generate_autoregressive
@@ -103,7 +105,7 @@ def oracle(rounds: list[tuple[int, int]], new_tokens: int, costs: dict) -> dict:
 
 
 def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, lengths: list[int],
-        draft_kind: str = "feature", out_name: str = "policies_feature") -> dict:
+        draft_kind: str = "feature", out: Path = Path("results/policies_feature")) -> dict:
     bench = EfficiencyBenchmark.default(num_prompts, draft_kind, max_new_tokens=max_new_tokens, temperatures=temperatures)
     target, draft = bench.target, bench.draft
     costs = step_costs(target, draft, bench.prompt_ids(0), max(lengths + [8]))  # the learned policies draft up to 8
@@ -155,8 +157,8 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
     data = dict(machine=machine(), costs=costs, settings=dict(prompts=len(bench.prompts), max_new_tokens=max_new_tokens,
                                                               temperatures=temperatures, lengths=lengths, draft=draft_kind),
                 summary=summary, same_drafts=paired, runs=runs, same_drafts_runs=same_drafts)
-    write_results(out_name, data, table(data))
-    plot_speedups(summary, out_name, "draft-length policies", ratio="modelled_speedup")
+    write_results(out, data, table(data))
+    plot_speedups(summary, out, "draft-length policies", ratio="modelled_speedup")
     return data
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from pathlib import Path
 
 import torch
 
@@ -62,7 +63,7 @@ def drafts(bench: EfficiencyBenchmark, kind: str) -> dict:
 
 
 def run(num_prompts: int, k: int, temperatures: list[float], max_new_tokens: int, kind: str = "feature",
-        out_name: str = "quant") -> dict:
+        out: Path = Path("results/quant")) -> dict:
     bench = EfficiencyBenchmark.default(num_prompts, kind, max_new_tokens=max_new_tokens, temperatures=tuple(temperatures))
     target = bench.target
     candidates = drafts(bench, kind)
@@ -83,8 +84,8 @@ def run(num_prompts: int, k: int, temperatures: list[float], max_new_tokens: int
     data = dict(machine=machine(), settings=dict(draft=kind, prompts=len(bench.prompts), k=k, temperatures=temperatures,
                                                  max_new_tokens=max_new_tokens),
                 target_step_s=target_s, c=costs, runs=runs, summary=summary)
-    write_results(out_name, data, table(data))
-    plot_speedups(summary, out_name, f"{kind} draft weights")
+    write_results(out, data, table(data))
+    plot_speedups(summary, out, f"{kind} draft weights")
     return data
 
 

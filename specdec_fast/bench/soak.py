@@ -7,6 +7,7 @@ cache, tensor or statistics list may grow with the number of rounds or requests.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable
 
 from ..decoding import batch_generate, fast_generate, warmup
@@ -33,7 +34,7 @@ def soak(request: Callable[[int], int], rounds: int) -> dict:
     return dict(requests=i, samples=samples, growth=samples[-1]["rss_mb"] / samples[0]["rss_mb"] - 1)
 
 
-def run(rounds: int, batch: int = 4, out_name: str = "soak") -> dict:
+def run(rounds: int, batch: int = 4, out: Path = Path("results/soak")) -> dict:
     bench = EfficiencyBenchmark.default(None)
     target, draft, n = bench.target, bench.draft, len(bench.prompts)
     warmup(target, draft)
@@ -52,7 +53,7 @@ def run(rounds: int, batch: int = 4, out_name: str = "soak") -> dict:
     batched(0)  # the batched loop's warm-up
     data = dict(machine=machine(), settings=dict(rounds=rounds, batch=batch),
                 fast_generate=soak(single, rounds), batch_generate=soak(batched, rounds))
-    write_results(out_name, data, table(data))
+    write_results(out, data, table(data))
     return data
 
 

@@ -13,6 +13,7 @@ import json
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 from .common import machine, markdown_table, write_results
 
@@ -43,12 +44,12 @@ def measure(warm: bool, threads: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def run(repeats: int, threads: int) -> dict:
+def run(repeats: int, threads: int, out: Path = Path("results/warmup")) -> dict:
     runs = [dict(mode=mode, **measure(mode == "warm", threads)) for _ in range(repeats) for mode in ("cold", "warm")]
     summary = [dict(mode=mode, **{key: statistics.median(r[key] for r in runs if r["mode"] == mode)
                                   for key in ("load_s", "warmup_s", "first_s", "second_s")}) for mode in ("cold", "warm")]
     data = dict(machine=machine(), settings=dict(repeats=repeats, threads=threads), summary=summary, runs=runs)
-    write_results("warmup", data, table(data))
+    write_results(out, data, table(data))
     return data
 
 

@@ -3,42 +3,41 @@
 from __future__ import annotations
 
 import time
-from typing import Sequence
 
 import torch
-from torch import Tensor
 
-from ..kernels import SamplingParams, draft_step
+from ..kernels import draft_step
 from ..kernels.sampling import draw_uniforms
 from ..models.cached_lm import as_cached_lm
+from .config import generation_settings
 from .outputs import GenerationOutput, GenerationStats
-from .requests import check_budget, decode_text, eos_ids, prompt_ids
+from .requests import check_budget, decode_text, prompt_ids
+from .round import load_kernels
 
 
 def generate_autoregressive(
     model,
-    input_ids: Tensor | Sequence[int] | None = None,
+    input_ids=None,
     *,
-    prompt: str | None = None,
     tokenizer=None,
-    max_new_tokens: int = 128,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
     seed: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
     streamer=None,
+    **generation,
 ) -> GenerationOutput:
     """The baseline: one KV-cached target pass per token, sampled exactly as ``fast_generate`` samples.
 
-    Same arguments and return type as :func:`fast_generate`, without the draft.
+    The prompt (``input_ids``, ``messages`` or ``prompt``, ``attention_mask``) and the generation
+    settings (``generation_config``, ``max_new_tokens``, ``do_sample``, ``temperature``, ...) are
+    those of :func:`~specdec_fast.decoding.speculative.fast_generate`; so is the return type.
     """
+    prompt = {name: generation.pop(name, None) for name in ("messages", "prompt", "attention_mask")}
+    ids = prompt_ids(input_ids, tokenizer=tokenizer, **prompt)
+    settings = generation_settings(model, tokenizer, [len(ids)], **generation)
+    sampling, eos, max_new_tokens = settings.sampling, settings.eos, settings.max_new_tokens[0]
     lm = as_cached_lm(model)
-    sampling = SamplingParams(temperature, top_k, top_p)
-    eos = eos_ids(eos_token_id, model, tokenizer)
-    ids = prompt_ids(input_ids, prompt, tokenizer)
     check_budget(ids, max_new_tokens, (lm,))
     generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+    load_kernels(lm)
 
     start = time.perf_counter()
     stats = GenerationStats(prompt_tokens=len(ids))

@@ -12,30 +12,14 @@ import time
 from typing import Sequence
 
 import torch
-from torch import Tensor
 
 from ..drafts.binding import batched_pair
-from ..kernels import SamplingParams
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
+from .config import generation_settings
 from .outputs import BatchGenerationOutput, GenerationOutput, GenerationStats
-from .requests import Request, check_budget, decode_text, eos_ids, prompt_ids
-from .round import prefill, speculative_round
-
-
-def request_ids(prompts: Sequence[str] | None, input_ids, tokenizer) -> list[list[int]]:
-    """The token ids of each request, from B text ``prompts`` or B ``input_ids``."""
-    if (prompts is None) == (input_ids is None):
-        raise ValueError("pass exactly one of prompts or input_ids")
-    if prompts is not None:
-        if isinstance(prompts, str):
-            raise ValueError("prompts must be a list of strings (one per request), got a single string")
-        requests = [prompt_ids(None, p, tokenizer) for p in prompts]
-    else:
-        requests = [prompt_ids(ids, None, None) for ids in input_ids]
-    if not requests:
-        raise ValueError("empty batch: pass at least one prompt")
-    return requests
+from .requests import Request, batch_prompt_ids, check_budget, check_policy, decode_text
+from .round import load_kernels, prefill, speculative_round
 
 
 def batch_generate(
@@ -43,17 +27,22 @@ def batch_generate(
     draft,
     prompts: Sequence[str] | None = None,
     *,
-    input_ids: Sequence[Tensor | Sequence[int]] | None = None,
+    input_ids=None,
+    messages: Sequence[Sequence[dict]] | None = None,
     tokenizer=None,
-    max_new_tokens: int = 128,
-    temperature: float | Sequence[float] = 1.0,
-    top_k: int | Sequence[int] = 0,
-    top_p: float | Sequence[float] = 1.0,
+    attention_mask=None,
+    generation_config=None,
+    max_new_tokens: int | Sequence[int] | None = None,
+    do_sample: bool | None = None,
+    temperature: float | Sequence[float] | None = None,
+    top_k: int | Sequence[int] | None = None,
+    top_p: float | Sequence[float] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
     seeds: Sequence[int] | None = None,
     num_draft_tokens: int = 4,
     policy: DraftPolicy | None = None,
     verifier: str = "token",
-    eos_token_id: int | Sequence[int] | None = None,
+    **generate_kwargs,
 ) -> BatchGenerationOutput:
     """Speculative decoding of a batch of requests; each follows the target's distribution exactly.
 
@@ -61,34 +50,41 @@ def batch_generate(
         target, draft: transformers causal LMs with the same vocabulary, on the same device,
             or the target and a :class:`~specdec_fast.drafts.feature.FeatureDraft` built on it;
             ``draft=None`` is batched autoregressive decoding of the target (the baseline).
-        prompts: B text prompts (with ``tokenizer``), or ``input_ids``: B token sequences.
-        temperature, top_k, top_p: one value for all requests or one per request.
+        prompts: B raw texts (with ``tokenizer``; no chat template); or ``messages``: B chats (the
+            tokenizer's chat template); or ``input_ids``: B token sequences, or a padded [B, S]
+            tensor / BatchEncoding with its ``attention_mask`` (padding on either side is dropped).
+        generation_config, max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id:
+            as for :func:`~specdec_fast.decoding.speculative.fast_generate`; ``max_new_tokens``,
+            ``temperature``, ``top_k`` and ``top_p`` may be one value per request.
         seeds: one per request (default: random); request b's output depends on its own
             prompt, settings and seed only (with a fixed draft length).
         num_draft_tokens: draft length of every round, unless ``policy`` chooses it; a
             policy is asked with ``rows`` = the sequences still running (see :mod:`specdec_fast.policies.mdp`).
-        verifier, eos_token_id: as for :func:`~specdec_fast.decoding.speculative.fast_generate`.
+        verifier: as for :func:`~specdec_fast.decoding.speculative.fast_generate`.
 
     Returns:
         BatchGenerationOutput: per-request outputs (at most ``max_new_tokens`` new tokens each),
         the batch's wall time and draft lengths.
     """
-    ids = request_ids(prompts, input_ids, tokenizer)
+    ids = batch_prompt_ids(input_ids, prompts, tokenizer, messages, attention_mask)
     batch = len(ids)
+    settings = generation_settings(target, tokenizer, [len(p) for p in ids], generation_config,
+                                   max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                                   top_p=top_p, eos_token_id=eos_token_id, **generate_kwargs)
+    sampling, eos = settings.sampling, settings.eos
     target_lm, draft_lm = batched_pair(target, draft, batch)
-    for prompt in ids:
-        check_budget(prompt, max_new_tokens, [lm for lm in (target_lm, draft_lm) if lm is not None])
+    for prompt, budget in zip(ids, settings.max_new_tokens):
+        check_budget(prompt, budget, [lm for lm in (target_lm, draft_lm) if lm is not None])
     seeds = list(seeds) if seeds is not None else [torch.seed() for _ in range(batch)]
     if len(seeds) != batch:
         raise ValueError(f"seeds must have one entry per request ({batch}), got {len(seeds)}")
-    sampling = SamplingParams(temperature, top_k, top_p)
-    sampling.as_tensors(batch)  # one setting, or one per request
     policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
-    eos = eos_ids(eos_token_id, target, tokenizer)
+    check_policy(policy, draft)
 
+    load_kernels(target_lm)
     start = time.perf_counter()
-    requests = [Request(prompt, max_new_tokens, torch.Generator().manual_seed(int(seed)),
-                        GenerationStats(prompt_tokens=len(prompt))) for prompt, seed in zip(ids, seeds)]
+    requests = [Request(prompt, budget, torch.Generator().manual_seed(int(seed)), GenerationStats(prompt_tokens=len(prompt)))
+                for prompt, budget, seed in zip(ids, settings.max_new_tokens, seeds)]
     prefill(target_lm, draft_lm, requests)
     for r in requests:
         r.stats.prefill_s = time.perf_counter() - start

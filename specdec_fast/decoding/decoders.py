@@ -7,13 +7,11 @@ import time
 from typing import Sequence
 
 import torch
-from torch import Tensor
 
-from ..drafts.feature import FeatureDraft
 from ..policies.mdp import DraftPolicy
-from ..policies.shipped import POLICY_FILES, default_policy
+from ..policies.shipped import default_policy
 from .batch import batch_generate
-from .outputs import GenerationOutput
+from .outputs import BatchGenerationOutput, GenerationOutput
 from .speculative import fast_generate
 from .warmup import warmup
 
@@ -23,7 +21,7 @@ class SpeculativeDecoder:
     totals over its calls.
 
     Example:
-        >>> decoder = SpeculativeDecoder(target, draft, num_draft_tokens=4, temperature=0.7)
+        >>> decoder = SpeculativeDecoder(target, draft, num_draft_tokens=4, do_sample=True, temperature=0.7)
         >>> out = decoder.generate(prompt="Hello", tokenizer=tok, max_new_tokens=64, seed=0)
         >>> decoder.get_efficiency_metrics()["acceptance_rate"]
     """
@@ -35,30 +33,32 @@ class SpeculativeDecoder:
         num_draft_tokens: int = 4,
         policy: DraftPolicy | None = None,
         verifier: str = "token",
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
         num_alternatives: int = 0,
+        generation_config=None,
+        **generation,
     ):
+        """``generation_config`` and ``generation`` (do_sample, temperature, top_k, top_p, ...): the
+        settings of every call, in transformers' vocabulary (see :mod:`specdec_fast.decoding.config`)."""
         self.target_model, self.draft_model = target_model, draft_model
-        self.settings = dict(num_draft_tokens=num_draft_tokens, policy=policy, verifier=verifier, temperature=temperature,
-                             top_k=top_k, top_p=top_p, num_alternatives=num_alternatives)
+        self.settings = dict(num_draft_tokens=num_draft_tokens, policy=policy, verifier=verifier,
+                             num_alternatives=num_alternatives, generation_config=generation_config, **generation)
         self.totals = dict(new_tokens=0, rounds=0, target_calls=0, draft_calls=0, drafted=0, accepted=0, alternatives=0,
                            alternatives_accepted=0, wall_s=0.0)
 
     def generate(
         self,
-        input_ids: Tensor | Sequence[int] | None = None,
+        input_ids=None,
         *,
+        messages: Sequence[dict] | None = None,
         prompt: str | None = None,
         tokenizer=None,
-        max_new_tokens: int = 128,
+        max_new_tokens: int | None = None,
         seed: int | None = None,
         eos_token_id: int | Sequence[int] | None = None,
     ) -> GenerationOutput:
         """One generation with :func:`fast_generate` and this decoder's settings."""
         out = fast_generate(
-            self.target_model, self.draft_model, input_ids, prompt=prompt, tokenizer=tokenizer,
+            self.target_model, self.draft_model, input_ids, messages=messages, prompt=prompt, tokenizer=tokenizer,
             max_new_tokens=max_new_tokens, seed=seed, eos_token_id=eos_token_id, **self.settings,
         )
         self._add(out.stats, out.stats.wall_s)
@@ -96,50 +96,55 @@ class ProductionSpeculativeDecoder(SpeculativeDecoder):
     """
 
     def __init__(self, target_model, draft_model, max_draft_tokens: int = 8, policy: DraftPolicy | None = None,
-                 batch_size: int = 8, verifier: str = "token", temperature: float = 1.0, top_k: int = 0,
-                 top_p: float = 1.0):
+                 batch_size: int = 8, verifier: str = "token", generation_config=None, **generation):
         if int(batch_size) != batch_size or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
         if policy is None:
-            kind = "feature" if isinstance(draft_model, FeatureDraft) else "token"
-            policy = default_policy(verifier, POLICY_FILES[kind], max_draft_tokens=max_draft_tokens)
-        super().__init__(target_model, draft_model, max_draft_tokens, policy, verifier, temperature, top_k, top_p)
+            policy = default_policy(verifier, draft=draft_model, max_draft_tokens=max_draft_tokens)
+        super().__init__(target_model, draft_model, max_draft_tokens, policy, verifier, generation_config=generation_config,
+                         **generation)
         self.batch_size = int(batch_size)
 
     def batch_generate(
         self,
         prompts: Sequence[str] | None = None,
         *,
-        input_ids: Sequence[Tensor | Sequence[int]] | None = None,
+        input_ids: Sequence | None = None,
+        messages: Sequence[Sequence[dict]] | None = None,
         tokenizer=None,
-        max_new_tokens: int = 128,
+        max_new_tokens: int | None = None,
         seeds: Sequence[int] | None = None,
         eos_token_id: int | Sequence[int] | None = None,
-    ) -> list[GenerationOutput]:
+    ) -> BatchGenerationOutput:
         """The requests in batches of ``batch_size`` (:func:`~specdec_fast.decoding.batch.batch_generate`),
-        one output per request, in order; added to the totals of :meth:`get_efficiency_metrics`."""
-        requests = list(prompts if prompts is not None else input_ids if input_ids is not None else [])
+        one output per request, in order, as one BatchGenerationOutput (wall time and draft lengths
+        over all batches); added to the totals of :meth:`get_efficiency_metrics`."""
+        given = {name: value for name, value in (("prompts", prompts), ("input_ids", input_ids), ("messages", messages))
+                 if value is not None}
+        if len(given) != 1:
+            raise ValueError("pass exactly one of prompts, input_ids or messages")
+        (kind, requests), = given.items()
+        requests = list(requests)
         seeds = list(seeds) if seeds is not None else [torch.seed() for _ in requests]
         if len(seeds) != len(requests):
             raise ValueError(f"seeds must have one entry per request ({len(requests)}), got {len(seeds)}")
         settings = {name: value for name, value in self.settings.items() if name != "num_alternatives"}
-        outputs = []
+        outputs, wall_s, draft_lengths = [], 0.0, []
         for i in range(0, max(len(requests), 1), self.batch_size):
-            chunk = requests[i : i + self.batch_size]
-            out = batch_generate(
-                self.target_model, self.draft_model, chunk if prompts is not None else None,
-                input_ids=chunk if prompts is None else None, tokenizer=tokenizer, max_new_tokens=max_new_tokens,
-                seeds=seeds[i : i + self.batch_size], eos_token_id=eos_token_id, **settings,
-            )
+            out = batch_generate(self.target_model, self.draft_model, **{kind: requests[i : i + self.batch_size]},
+                                 tokenizer=tokenizer, max_new_tokens=max_new_tokens, seeds=seeds[i : i + self.batch_size],
+                                 eos_token_id=eos_token_id, **settings)
             for b, o in enumerate(out.outputs):
                 self._add(o.stats, out.wall_s if b == 0 else 0.0)
             outputs += out.outputs
-        return outputs
+            wall_s += out.wall_s
+            draft_lengths += out.draft_lengths
+        return BatchGenerationOutput(outputs, wall_s, draft_lengths)
 
     def warmup(self) -> float:
         """:func:`~specdec_fast.decoding.warmup.warmup`, plus one small batch; returns its seconds."""
         start = time.perf_counter()
         warmup(self.target_model, self.draft_model)
         batch_generate(self.target_model, self.draft_model, input_ids=[[1, 2, 3], [4, 5]], max_new_tokens=4, seeds=[0, 1],
-                       num_draft_tokens=2, eos_token_id=())
+                       temperature=[1.0, 0.0], num_draft_tokens=2, eos_token_id=())
         return time.perf_counter() - start

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import SamplingParams, VerifyOutput, draft_step, verify
+from ..kernels.backends import resolve
 from ..kernels.sampling import draw_uniforms
 from ..models.batched_lm import BatchedCachedLM, right_aligned
 from ..policies.mdp import DraftPolicy
@@ -69,6 +70,12 @@ class Round:
     committed: list[list[int]]
     draft_s: float
     target_s: float
+
+
+def load_kernels(lm) -> None:
+    """Build (the first time) and load the kernels for ``lm``'s device, before any clock starts, so
+    a build is never billed to a generation."""
+    resolve("auto", torch.device(getattr(lm, "device", None) or "cpu"))
 
 
 def prefill(target: BatchedCachedLM, draft: BatchedCachedLM | None, seqs: list[Request]) -> None:

@@ -8,38 +8,42 @@ import time
 from typing import Callable, Sequence
 
 import torch
-from torch import Tensor
 
 from ..drafts.binding import cached_pair
-from ..kernels import SamplingParams
 from ..models.batched_lm import OneSequence
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
 from .alternatives import alternatives_round, check_alternatives
+from .config import generation_settings
 from .outputs import GenerationOutput, GenerationStats
-from .requests import Request, check_budget, decode_text, eos_ids, prompt_ids
-from .round import prefill, speculative_round
+from .requests import Request, check_budget, check_policy, decode_text, prompt_ids
+from .round import load_kernels, prefill, speculative_round
 
 
 def fast_generate(
     target,
     draft,
-    input_ids: Tensor | Sequence[int] | None = None,
+    input_ids=None,
     *,
+    messages: Sequence[dict] | None = None,
     prompt: str | None = None,
     tokenizer=None,
-    max_new_tokens: int = 128,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    attention_mask=None,
+    generation_config=None,
+    max_new_tokens: int | None = None,
+    do_sample: bool | None = None,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
     num_draft_tokens: int = 4,
     num_alternatives: int = 0,
     policy: DraftPolicy | None = None,
     verifier: str = "token",
     seed: int | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
     streamer=None,
     on_round: Callable | None = None,
+    **generate_kwargs,
 ) -> GenerationOutput:
     """Speculative decoding of one sequence; the output follows the target's distribution exactly.
 
@@ -47,9 +51,15 @@ def fast_generate(
         target, draft: transformers causal LMs or :class:`~specdec_fast.models.cached_lm.CachedLM`
             objects with the same vocabulary, on the same device; or a transformers target and
             a :class:`~specdec_fast.drafts.feature.FeatureDraft` built on it.
-        input_ids: the prompt, [S] or [1, S]; or ``prompt`` text with its ``tokenizer``.
-        temperature, top_k, top_p: sampling; temperature 0 is greedy (then the output equals
-            the target's own greedy decoding).
+        input_ids: the prompt, [S] or [1, S], or a dict / BatchEncoding with ``input_ids`` (and
+            ``attention_mask``); or ``messages``, a chat in the tokenizer's chat template (the
+            assistant's turn opened); or ``prompt``, raw text (no chat template).
+        generation_config, max_new_tokens, do_sample, temperature, top_k, top_p, eos_token_id, and
+            ``max_length`` / ``pad_token_id`` among ``generate_kwargs``: transformers' vocabulary
+            and rule (a value passed wins, else ``generation_config``'s, else the target's own,
+            else greedy with 128 new tokens; see :mod:`specdec_fast.decoding.config`). Greedy
+            output equals the target's own greedy decoding. ``eos_token_id=()`` never stops early.
+            Anything else the verifier cannot honour is a ValueError naming it.
         num_draft_tokens: draft length per round, unless ``policy`` chooses it.
         num_alternatives: more candidates for each round's first drafted token, verified as
             its siblings in the same target pass (see :mod:`specdec_fast.decoding.alternatives`); an
@@ -58,8 +68,6 @@ def fast_generate(
         verifier: "token" (token-wise) or "block" (block verification: the same output
             distribution, never fewer accepted tokens in expectation).
         seed: seeds the generator of all randomness (draft sampling and verification).
-        eos_token_id: stop after this token (int or several); None takes the target's
-            generation config or the tokenizer's; ``()`` never stops early.
         streamer: a transformers streamer (``put``/``end``, e.g. ``TextStreamer``); it gets
             the prompt, then each round's new tokens.
         on_round: called after each verification as ``on_round(target_logits [k+1, V],
@@ -69,14 +77,18 @@ def fast_generate(
     Returns:
         GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.
     """
-    sampling = SamplingParams(temperature, top_k, top_p)
+    ids = prompt_ids(input_ids, prompt, tokenizer, messages, attention_mask)
+    settings = generation_settings(target, tokenizer, [len(ids)], generation_config, max_new_tokens=max_new_tokens,
+                                   do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+                                   eos_token_id=eos_token_id, **generate_kwargs)
+    sampling, eos, max_new_tokens = settings.sampling, settings.eos, settings.max_new_tokens[0]
     target_lm, draft_lm = cached_pair(target, draft)
     check_alternatives(num_alternatives, verifier, target_lm)
     policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
-    eos = eos_ids(eos_token_id, target, tokenizer)
-    ids = prompt_ids(input_ids, prompt, tokenizer)
+    check_policy(policy, draft)
     check_budget(ids, max_new_tokens, (target_lm, draft_lm))
     generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
+    load_kernels(target_lm)
 
     start = time.perf_counter()
     seq = Request(ids, max_new_tokens, generator, GenerationStats(prompt_tokens=len(ids)))

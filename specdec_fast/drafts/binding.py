@@ -13,7 +13,12 @@ from torch import nn
 from ..models.batched_lm import BatchedLM
 from ..models.cached_lm import CachedLM, as_cached_lm
 from .feature import FeatureDraft
-from .feature_lm import BatchedFeatureDraft, BatchedFeatureTarget, feature_pair
+from .feature_lm import BatchedFeatureDraft, BatchedFeatureTarget, FeatureDraftLM, feature_pair
+
+
+def draft_kind(draft) -> str:
+    """"feature" for a feature draft (the module or its caches), "token" for any other draft."""
+    return "feature" if isinstance(draft, (FeatureDraft, FeatureDraftLM, BatchedFeatureDraft)) else "token"
 
 
 def check_pair(target_lm, draft_lm) -> None:

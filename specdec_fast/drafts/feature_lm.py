@@ -28,7 +28,6 @@ class FeatureTargetLM(HFCachedLM):
 
     def __init__(self, model: nn.Module):
         super().__init__(model)
-        self.generation_config = getattr(model, "generation_config", None)
         self.features = torch.zeros(0, model.config.hidden_size, device=self.device)
 
     def reset(self) -> None:

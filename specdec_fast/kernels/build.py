@@ -1,16 +1,21 @@
 """Building the C++ and CUDA kernels: ahead of time (``setup.py``, ``SPECDEC_FAST_AOT=1``) or
-just in time through ``torch.utils.cpp_extension`` + ninja into the user cache folder.
+just in time through ``torch.utils.cpp_extension`` + ninja into the user cache folder, one folder
+per build key (:func:`build_key`), announced on stderr with its expected time. The loops load
+the kernels before they start their clocks (``warmup()`` before the first request).
 
-A JIT build is reused until a source changes. Environment switches: ``SPECDEC_FAST_NO_JIT=1``
-disables builds, ``SPECDEC_FAST_VERBOSE=1`` shows them, ``SPECDEC_FAST_CUDA_ARCH`` sets the
-CUDA architectures (default: the GPU's, or 9.0), ``CUDA_HOME`` the toolkit.
+Environment switches: ``SPECDEC_FAST_NO_JIT=1`` disables builds, ``SPECDEC_FAST_VERBOSE=1`` shows
+them, ``SPECDEC_FAST_CUDA_ARCH`` sets the CUDA architectures (default: the GPU's, or 9.0),
+``CUDA_HOME`` the toolkit.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import logging
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -22,12 +27,29 @@ PACKAGE = Path(__file__).resolve().parents[1]
 CSRC = PACKAGE / "csrc" if (PACKAGE / "csrc").is_dir() else PACKAGE.parent / "csrc"
 
 
+EXPECTED = {"cpu": "about 20 s", "cuda": "about 2 min"}  # first build, measured on 2-core VMs
+
+
 def _cpp_extension():
-    """torch.utils.cpp_extension, imported only when a kernel is built: importing it looks for a CUDA
-    toolkit and, on a machine without a GPU, warns on every run that never builds anything."""
+    """torch.utils.cpp_extension, imported only when a kernel is built or loaded. Importing it looks
+    for a CUDA toolkit and, on a machine without a GPU, logs a warning about it that says nothing
+    about a CPU build: silenced there."""
+    if not torch.cuda.is_available():
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     from torch.utils import cpp_extension
 
     return cpp_extension
+
+
+def build_key(name: str, sources: list[Path], flags: dict) -> str:
+    """The build folder's name: the extension, and a digest of every source and header it may
+    include (contents and folder), torch's version and the flags, so that two installs, two torch
+    versions or two sets of flags never share (and rebuild) one folder."""
+    arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    digest = hashlib.sha256(f"{torch.__version__}|{sorted(flags.items())}|{arch}|{CSRC}".encode())
+    for path in sorted(p for p in CSRC.rglob("*") if p.is_file()) + sources:
+        digest.update(path.read_bytes())
+    return f"{name}-{digest.hexdigest()[:16]}"
 
 
 def _build(name: str, sources: list[Path], **kwargs) -> None:
@@ -41,7 +63,9 @@ def _build(name: str, sources: list[Path], **kwargs) -> None:
         raise RuntimeError("JIT builds are disabled by SPECDEC_FAST_NO_JIT")
     if not all(s.is_file() for s in sources):
         raise RuntimeError(f"kernel sources not found under {CSRC} (install from a source checkout with pip install -e .)")
-    build = cache_root() / "build" / name
+    build = cache_root() / "build" / build_key(name, sources, kwargs)
+    if not any(build.glob("*.so")):
+        print(f"specdec_fast: building the {name} kernels once ({EXPECTED[name]}) into {build}", file=sys.stderr, flush=True)
     build.mkdir(parents=True, exist_ok=True)
     try:
         _cpp_extension().load(name=f"specdec_fast_{name}", sources=[str(s) for s in sources], build_directory=str(build),

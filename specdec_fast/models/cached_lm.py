@@ -58,10 +58,12 @@ def cache_argument(model: torch.nn.Module) -> str:
 
 class TransformersLM:
     """What both cache adapters read off a transformers causal LM: the model (in eval mode),
-    ``vocab_size``, ``max_length``, ``device``, and the name of its cache argument."""
+    ``vocab_size``, ``max_length``, ``device``, its ``generation_config`` (the defaults of a
+    generation) and the name of its cache argument."""
 
     def __init__(self, model: torch.nn.Module):
         self.model = model.eval()
+        self.generation_config = getattr(model, "generation_config", None)
         self.vocab_size = int(model.get_output_embeddings().out_features)
         self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.device = next(model.parameters()).device

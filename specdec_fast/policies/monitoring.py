@@ -18,8 +18,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+try:  # an extra (specdec_fast[monitoring]): the monitor works without it, its Prometheus export does not
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+except ImportError:
+    CollectorRegistry = None
 
 from ..kernels import DraftStepOutput
 from .baselines import FixedDraftLength
@@ -123,6 +126,7 @@ class AdaptiveMonitoringSystem:
 
     def collect(self):
         """prometheus_client collector protocol: counters (totals) and gauges (rolling window)."""
+        _need_prometheus()
         prefix = "specdec_fast:spec_decode_"
         t = self.totals
         for name, value, doc in (
@@ -150,6 +154,12 @@ class AdaptiveMonitoringSystem:
 
     def prometheus(self) -> str:
         """The metrics in Prometheus text exposition format."""
+        _need_prometheus()
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
         return generate_latest(registry).decode()
+
+
+def _need_prometheus() -> None:
+    if CollectorRegistry is None:
+        raise ImportError("Prometheus export needs prometheus-client: pip install 'specdec_fast[monitoring]'")

@@ -10,6 +10,7 @@ from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from ..drafts.binding import draft_kind
 from .costs import CostModel
 from .learned import PREDICTOR_OUTPUTS, AcceptancePredictor, CostAwarePolicy, PolicyNetwork, ValueNetwork
 from .mdp import FEATURES
@@ -42,10 +43,15 @@ def load_policy(path: Path = POLICY_FILES["token"]) -> tuple[AcceptancePredictor
     return (*nets, metadata)
 
 
-def default_policy(verifier: str = "token", path: Path = POLICY_FILES["token"], max_draft_tokens: int = 8) -> CostAwarePolicy:
-    """A shipped cost-aware policy with its measured cost priors: by default the one trained on the
-    SmolLM2 token-draft pair (batch_generate's pair); ``POLICY_FILES["feature"]`` is the feature
-    pair's (the main job's)."""
+def default_policy(verifier: str = "token", path: Path | None = None, max_draft_tokens: int = 8,
+                   draft=None) -> CostAwarePolicy:
+    """A shipped cost-aware policy with its measured cost priors: the one trained for ``draft``'s kind
+    (a feature draft: the feature pair's, the main job's; any other: the token pair's), or the one
+    in ``path``; with neither, the token pair's. Its ``trained_for`` names the draft kind it learnt
+    from, and the loops warn when it meets another."""
+    path = path if path is not None else POLICY_FILES[draft_kind(draft) if draft is not None else "token"]
     predictor, _, _, metadata = load_policy(path)
     costs = CostModel(metadata["draft_step_s"], {int(n): s for n, s in metadata["target_pass_s"].items()})
-    return CostAwarePolicy(predictor, costs, verifier=verifier, max_draft_tokens=max_draft_tokens)
+    policy = CostAwarePolicy(predictor, costs, verifier=verifier, max_draft_tokens=max_draft_tokens)
+    policy.trained_for = metadata.get("draft", "token")
+    return policy

@@ -13,8 +13,8 @@ from specdec_fast.decoding.alternatives import draw_alternatives, verify_alterna
 from specdec_fast.kernels.sampling import sample_inverse_cdf
 
 from helpers.distribution import chi_square, counts, sequence_counts
-from helpers.markov import bigram_pair
-from helpers.models import NO_EOS, PROMPT, exact_joint, tiny_llama
+from helpers.markov import bigram_joint, bigram_pair
+from helpers.models import NO_EOS, PROMPT, tiny_llama
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager", "packed-gqa"])
@@ -114,22 +114,23 @@ def test_draws_are_distinct_and_follow_q():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k,top_p,k,count", [(1.0, 0, 1.0, 1, 3), (0.8, 6, 0.9, 2, 2)])
-def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p, k, count):
+def test_joint_of_first_three_tokens_is_exact(temperature, top_k, top_p, k, count):
     """The loop with alternatives: rounds that emit an alternative and the target's token after
     it (from the sibling row and the moved cache entry) leave three tokens distributed exactly
-    as the target's."""
-    target, draft = tiny_pair
-    t, d = HFCachedLM(target), HFCachedLM(draft)
+    as the target's. 4,000 runs on a bigram pair (CachedLMs with sibling passes: the rule in the
+    loop is the subject; transformers' sibling pass is tested against separate passes above, and
+    with the feature draft in test_feature_draft.py)."""
+    target, draft = bigram_pair(8, seed=2, siblings=True)  # a pair whose alternatives win in about half the runs, in both settings
     seqs, wins = [], 0
     for seed in range(4000):
-        out = fast_generate(t, d, PROMPT, max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p,
+        out = fast_generate(target, draft, PROMPT, max_new_tokens=3, temperature=temperature, top_k=top_k, top_p=top_p,
                             num_draft_tokens=k, num_alternatives=count, seed=seed, eos_token_id=NO_EOS)
         seqs.append(out.tokens)
         wins += out.stats.alternatives_accepted
     stat, threshold, df = chi_square(sequence_counts(torch.tensor(seqs), 8),
-                                     exact_joint(target, PROMPT, 3, temperature, top_k, top_p))
+                                     bigram_joint(target, PROMPT[-1], 3, temperature, top_k, top_p))
     assert stat < threshold, f"chi2 {stat:.1f} > {threshold:.1f} (df {df})"
-    assert wins > 150
+    assert wins > 1000
 
 
 @pytest.mark.parametrize("k,count", [(1, 1), (3, 3)])

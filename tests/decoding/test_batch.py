@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec_fast import batch_generate, fast_generate, generate_autoregressive
+from specdec_fast import FixedDraftLength, ProductionSpeculativeDecoder, batch_generate, fast_generate, generate_autoregressive
 from specdec_fast.models.batched_lm import BatchedLM, right_aligned
 from specdec_fast.policies.costs import CostModel, geometric_acceptance
 from specdec_fast.policies.learned import AcceptancePredictor, CostAwarePolicy
@@ -51,8 +51,9 @@ def test_each_request_gets_its_own_fast_generate_output(k, eos, kind):
 
 def test_output_does_not_depend_on_the_rest_of_the_batch(tiny_pair):
     target, draft = tiny_pair
-    together = batch_generate(target, draft, input_ids=PROMPTS, max_new_tokens=12, seeds=SEEDS, eos_token_id=NO_EOS)
-    alone = batch_generate(target, draft, input_ids=PROMPTS[2:3], max_new_tokens=12, seeds=SEEDS[2:3], eos_token_id=NO_EOS)
+    together = batch_generate(target, draft, input_ids=PROMPTS, max_new_tokens=12, temperature=1.0, seeds=SEEDS, eos_token_id=NO_EOS)
+    alone = batch_generate(target, draft, input_ids=PROMPTS[2:3], max_new_tokens=12, temperature=1.0, seeds=SEEDS[2:3],
+                           eos_token_id=NO_EOS)
     assert together.outputs[2].tokens == alone.outputs[0].tokens
 
 
@@ -188,13 +189,13 @@ def test_monitor_counts_every_row(tiny_pair):
     "kwargs,message",
     [
         (dict(input_ids=[]), "empty batch"),
-        (dict(input_ids=None), "pass exactly one of prompts or input_ids"),
+        (dict(input_ids=None), "pass exactly one of input_ids, prompts or messages"),
         (dict(input_ids=None, prompts="one string"), "a list of strings"),
         (dict(input_ids=[[1, 2], []]), "empty prompt"),
         (dict(max_new_tokens=0), "max_new_tokens must be a positive integer"),
         (dict(input_ids=[[1, 2], list(range(8)) * 8]), "exceeds the model's context of 64 tokens"),
         (dict(seeds=[1, 2, 3]), r"one entry per request \(2\)"),
-        (dict(temperature=[1.0, 1.0, 1.0]), r"temperature must be a scalar or have shape \[B\]"),
+        (dict(temperature=[1.0, 1.0, 1.0]), r"temperature must be one value or one per request \(2\)"),
         (dict(top_p=0.0), "top_p"),
     ],
 )
@@ -216,16 +217,14 @@ def test_batch_vocabulary_or_device_mismatch_and_not_a_model(tiny_pair):
 
 @pytest.mark.parametrize("kind", ["model", "feature"])
 def test_production_decoder_batches_requests_and_keeps_totals(kind):
-    from specdec_fast import FixedDraftLength, ProductionSpeculativeDecoder
-
     target = tiny_llama(0)
     draft = draft_for(target, kind)
-    decoder = ProductionSpeculativeDecoder(target, draft, policy=FixedDraftLength(2), batch_size=3)
+    decoder = ProductionSpeculativeDecoder(target, draft, policy=FixedDraftLength(2), batch_size=3, temperature=1.0)
     assert decoder.warmup() > 0
     outs = decoder.batch_generate(input_ids=PROMPTS, max_new_tokens=8, seeds=SEEDS, eos_token_id=NO_EOS)
-    for prompt, seed, got in zip(PROMPTS, SEEDS, outs):  # batches of 3 and 1: each request as if alone
+    for prompt, seed, got in zip(PROMPTS, SEEDS, outs.outputs):  # batches of 3 and 1: each request as if alone
         assert got.tokens == fast_generate(target, draft, prompt, max_new_tokens=8, seed=seed, num_draft_tokens=2,
-                                           eos_token_id=NO_EOS).tokens
+                                           temperature=1.0, eos_token_id=NO_EOS).tokens
     metrics = decoder.get_efficiency_metrics()
     assert metrics["new_tokens"] == 8 * len(PROMPTS) and metrics["tokens_per_second"] > 0
     with pytest.raises(ValueError, match="batch_size"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from specdec_fast import HFCachedLM, SpeculativeDecoder, fast_generate, generate_autoregressive, warmup
 
@@ -35,7 +36,7 @@ def test_joint_test_detects_the_draft_distribution(tiny_pair):
     """Negative control: samples of the draft alone must fail the same joint test."""
     target, draft = tiny_pair
     vocab = target.config.vocab_size
-    seqs = torch.tensor([generate_autoregressive(draft, PROMPT, max_new_tokens=3, seed=s, eos_token_id=NO_EOS).tokens for s in range(3000)])
+    seqs = torch.tensor([generate_autoregressive(draft, PROMPT, max_new_tokens=3, temperature=1.0, seed=s, eos_token_id=NO_EOS).tokens for s in range(3000)])
     stat, threshold, _ = chi_square(sequence_counts(seqs, vocab), exact_joint(target, PROMPT, 3, 1.0, 0, 1.0))
     assert stat > threshold
 
@@ -83,15 +84,18 @@ def test_cache_after_rounds_equals_full_recompute(tiny_pair, temperature, altern
 
 def test_same_seed_same_output(tiny_pair):
     target, draft = tiny_pair
-    runs = [fast_generate(target, draft, PROMPT, max_new_tokens=25, seed=s, eos_token_id=NO_EOS).tokens for s in (4, 4, 5)]
+    runs = [fast_generate(target, draft, PROMPT, max_new_tokens=25, temperature=1.0, seed=s, eos_token_id=NO_EOS).tokens
+            for s in (4, 4, 5)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
-    ar = [generate_autoregressive(target, PROMPT, max_new_tokens=25, seed=4, eos_token_id=NO_EOS).tokens for _ in range(2)]
-    assert ar[0] == ar[1]
+    ar = [generate_autoregressive(target, PROMPT, max_new_tokens=25, temperature=1.0, seed=s, eos_token_id=NO_EOS).tokens
+          for s in (4, 4, 5)]
+    assert ar[0] == ar[1] and ar[0] != ar[2]
 
 
 def test_stats_are_consistent(tiny_pair):
     target, draft = tiny_pair
-    s = fast_generate(target, draft, PROMPT, max_new_tokens=50, num_draft_tokens=3, seed=0, eos_token_id=NO_EOS).stats
+    s = fast_generate(target, draft, PROMPT, max_new_tokens=50, temperature=1.0, num_draft_tokens=3, seed=0,
+                      eos_token_id=NO_EOS).stats
     assert s.new_tokens == 50 and s.drafted == sum(s.drafted_at) and s.accepted == sum(s.accepted_at)
     assert s.target_calls == s.rounds + 1  # prefill + one verification pass per round
     assert s.new_tokens == s.accepted + s.rounds  # each round: accepted drafts + one target token
@@ -115,7 +119,8 @@ def test_cached_lm_protocol_exact_distribution():
     g = torch.Generator().manual_seed(0)
     tp, tq = 2 * torch.randn(6, 6, generator=g), 2 * torch.randn(6, 6, generator=g)
     target, draft = BigramLM(tp), BigramLM(tq)
-    seqs = torch.tensor([fast_generate(target, draft, [0], max_new_tokens=2, num_draft_tokens=2, seed=s).tokens for s in range(8000)])
+    seqs = torch.tensor([fast_generate(target, draft, [0], max_new_tokens=2, temperature=1.0, num_draft_tokens=2, seed=s).tokens
+                         for s in range(8000)])
     stat, threshold, _ = chi_square(counts(seqs[:, 1], 6), bigram_joint(target, 0, 2).reshape(6, 6).sum(0))
     assert stat < threshold
 
@@ -149,10 +154,20 @@ def test_speculative_decoder_passes_alternatives_on(tiny_pair):
         (dict(input_ids=[[1, 2], [3, 4]]), r"input_ids must have shape \[S\] or \[1, S\]"),
         (dict(input_ids=[1, 99]), r"outside \[0, 8\)"),
         (dict(input_ids=list(range(8)) * 8), "exceeds the model's context of 64 tokens"),
-        (dict(prompt="hi"), "pass exactly one of input_ids or prompt"),
+        (dict(prompt="hi"), "pass exactly one of input_ids, prompt or messages"),
         (dict(input_ids=None, prompt="hi"), "a text prompt needs a tokenizer"),
         (dict(temperature=-0.5), "temperature"),
         (dict(num_draft_tokens=-1), "num_draft_tokens"),
+        # What the verifier cannot honour, and transformers-shaped inputs it cannot take.
+        (dict(repetition_penalty=1.2), "repetition_penalty=1.2 .passed. changes the target's distribution"),
+        (dict(generation_config=GenerationConfig(num_beams=4)), "num_beams=4 .from the generation config."),
+        (dict(stop_strings=["x"]), "stop_strings"),
+        (dict(logits_processor=[]), "unsupported generation argument 'logits_processor'"),
+        (dict(do_sample=True, temperature=0.0), "do_sample=True needs a temperature > 0"),
+        (dict(max_new_tokens=None, max_length=len(PROMPT)), "max_length leaves no room"),
+        (dict(input_ids=torch.tensor([[1.0, 2.0]])), "integer token ids"),
+        (dict(input_ids=torch.tensor([[1, 2], [3, 4]])), "for several prompts use batch_generate"),
+        (dict(input_ids=torch.tensor([[1, 2, 3]]), attention_mask=torch.tensor([[0, 1, 1]])), "one sequence takes no padding"),
     ],
 )
 def test_bad_generation_arguments(tiny_pair, kwargs, message):

@@ -39,7 +39,7 @@ def test_feature_pair_with_alternatives_is_lossless(tiny_pair):
     when accepted: the joint of the first 3 tokens over 4,000 fast_generate runs."""
     target, _ = tiny_pair
     t, d = feature_pair(target, feature_draft(target, torch.tensor([0, 1, 3, 4, 6])))
-    seqs = torch.tensor([fast_generate(t, d, PROMPT, max_new_tokens=3, num_draft_tokens=2, num_alternatives=2, seed=s,
+    seqs = torch.tensor([fast_generate(t, d, PROMPT, max_new_tokens=3, temperature=1.0, num_draft_tokens=2, num_alternatives=2, seed=s,
                                        eos_token_id=()).tokens for s in range(4000)])
     stat, threshold, _ = chi_square(sequence_counts(seqs, 8), exact_joint(target, PROMPT, 3, 1.0, 0, 1.0))
     assert stat < threshold
@@ -81,7 +81,7 @@ def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair, num_layers, a
     target, _ = tiny_pair
     draft = feature_draft(target, num_layers=num_layers)
     t, d = feature_pair(target, draft)
-    out = fast_generate(t, d, PROMPT, max_new_tokens=24, num_draft_tokens=3, num_alternatives=alternatives, seed=0,
+    out = fast_generate(t, d, PROMPT, max_new_tokens=24, temperature=1.0, num_draft_tokens=3, num_alternatives=alternatives, seed=0,
                         eos_token_id=())
     assert out.stats.accepted < out.stats.drafted  # there were rejections
     assert out.stats.alternatives_accepted > 0 or not alternatives

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from specdec_fast import warp_logits
+from specdec_fast.kernels import warp_logits
 
 from helpers.distribution import chi_square, counts
 
@@ -143,17 +143,36 @@ class BigramLM:
         del self.tokens[length:]
 
 
-def bigram_pair(vocab: int, seed: int) -> tuple[BigramLM, BigramLM]:
-    """(target, draft): random bigram tables, the draft's related to the target's but different."""
+class SiblingBigramLM(BigramLM):
+    """A BigramLM that also scores first-token alternatives (the two members they need)."""
+
+    def extend_siblings(self, tokens: Tensor, siblings: Tensor, at: int, num_logits: int) -> Tensor:
+        """As HFCachedLM's: ``tokens``, then ``siblings`` (alternatives to tokens[at]) cached after them;
+        a bigram's logits after a sibling are its own row."""
+        logits = self.extend(tokens, num_logits)
+        self.tokens += siblings.tolist()
+        return torch.cat([logits, self.table[siblings]])
+
+    def keep_sibling(self, length: int, slot: int) -> None:
+        self.tokens[length - 1] = self.tokens[slot]
+        self.crop(length)
+
+
+def bigram_pair(vocab: int, seed: int, siblings: bool = False) -> tuple[BigramLM, BigramLM]:
+    """(target, draft): random bigram tables, the draft's related to the target's but different;
+    ``siblings``: the target scores first-token alternatives."""
     g = torch.Generator().manual_seed(seed)
     target = 2.0 * torch.randn(vocab, vocab, generator=g)
-    return BigramLM(target), BigramLM(target + 1.5 * torch.randn(vocab, vocab, generator=g))
+    lm = SiblingBigramLM if siblings else BigramLM
+    return lm(target), BigramLM(target + 1.5 * torch.randn(vocab, vocab, generator=g))
 
 
-def bigram_joint(lm: BigramLM, last_token: int, n_tokens: int) -> Tensor:
-    """P(the next n_tokens = z) at temperature 1 after ``last_token``, for every z: [V ** n_tokens],
-    z flattened as ((z_0 V + z_1) V + z_2) ..."""
-    p = torch.softmax(lm.table.double(), -1)
+def bigram_joint(lm: BigramLM, last_token: int, n_tokens: int, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0) -> Tensor:
+    """P(the next n_tokens = z) after ``last_token`` under the warped table, for every z:
+    [V ** n_tokens], z flattened as ((z_0 V + z_1) V + z_2) ..."""
+    rows = lm.vocab_size
+    p = warp_logits(lm.table, torch.full((rows,), temperature), torch.full((rows,), top_k), torch.full((rows,), top_p)).double()
     joint = p[last_token][None]  # [prefixes, last token]
     for _ in range(n_tokens - 1):
         joint = (joint[:, :, None] * p[None]).reshape(-1, lm.vocab_size)

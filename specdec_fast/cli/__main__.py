@@ -1,0 +1,7 @@
+"""``python -m specdec_fast.cli``: the specdec-fast command."""
+
+import sys
+
+from .main import main
+
+sys.exit(main())
