@@ -132,11 +132,10 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
     return Drafts(empty, torch.zeros(len(seqs), 0, 0), lens, passes, first_logits, withheld)
 
 
-def chain_feed(seqs: list[Request], drafts: Drafts, device: torch.device | None = None) -> Tensor:
+def chain_feed(seqs: list[Request], drafts: Drafts) -> Tensor:
     """[B, k + 1] int64: each row's last committed token, then its drafts (on the drafts' device)."""
-    device = drafts.tokens.device if device is None else device
-    last = torch.tensor([[s.ids[-1]] for s in seqs], device=device)
-    return torch.cat([last, drafts.tokens.to(device)], 1)
+    last = torch.tensor([[s.ids[-1]] for s in seqs], device=drafts.tokens.device)
+    return torch.cat([last, drafts.tokens], 1)
 
 
 def verify_drafts(target_logits: Tensor, drafts: Drafts, verify_uniforms: list[Tensor], sampling: SamplingParams,
