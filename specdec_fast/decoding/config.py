@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import torch
+
 from ..kernels import SamplingParams
 
 SUPPORTED = ("do_sample", "temperature", "top_k", "top_p", "max_new_tokens", "max_length", "eos_token_id", "pad_token_id")
@@ -30,8 +32,7 @@ NEUTRAL = dict(repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat
                num_return_sequences=1, bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None,
                forced_bos_token_id=None, forced_eos_token_id=None, exponential_decay_length_penalty=None,
                sequence_bias=None, stop_strings=None, guidance_scale=None, watermarking_config=None,
-               renormalize_logits=False, length_penalty=1.0, diversity_penalty=0.0, num_beam_groups=1,
-               top_h=None, max_time=None)
+               renormalize_logits=False, top_h=None, max_time=None)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ def _check_honoured(given: dict, generation_config, model) -> None:
 
 
 def _per_request(value, batch: int, name: str) -> list:
+    value = value.tolist() if isinstance(value, torch.Tensor) else value
     values = list(value) if isinstance(value, (list, tuple)) else [value] * batch
     if len(values) != batch:
         raise ValueError(f"{name} must be one value or one per request ({batch}), got {len(values)}")

@@ -127,3 +127,12 @@ def test_a_policy_learnt_for_another_draft_kind_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fast_generate(target, draft, PROMPT, max_new_tokens=4, policy=default_policy(draft=draft), eos_token_id=NO_EOS)
+
+
+def test_per_request_settings_as_lists_or_tensors(pair):
+    target, draft = pair
+    common = dict(input_ids=[PROMPT, [1, 2]], max_new_tokens=8, seeds=[5, 6], eos_token_id=NO_EOS)
+    as_list = batch_generate(target, draft, temperature=[0.7, 0.0], top_k=[0, 3], **common)
+    as_tensor = batch_generate(target, draft, temperature=torch.tensor([0.7, 0.0]), top_k=torch.tensor([0, 3]), **common)
+    assert [o.tokens for o in as_list.outputs] == [o.tokens for o in as_tensor.outputs]
+    assert as_list.outputs[1].tokens == fast_generate(target, draft, [1, 2], max_new_tokens=8, eos_token_id=NO_EOS).tokens
