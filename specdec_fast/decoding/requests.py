@@ -132,10 +132,9 @@ def batch_prompt_ids(input_ids=None, prompts: Sequence[str] | None = None, token
 
 
 def check_budget(ids: list[int], max_new_tokens: int, lms: Sequence) -> None:
-    """``max_new_tokens`` is a positive integer, the prompt's ids are in every model's vocabulary,
-    and the prompt plus the budget fit in every model's context."""
-    if int(max_new_tokens) != max_new_tokens or max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens}")
+    """The prompt's ids are in every model's vocabulary, and the prompt plus ``max_new_tokens`` (a
+    budget :func:`~specdec_fast.decoding.config.generation_settings` has checked) fit in every
+    model's context."""
     for lm in lms:
         if max(ids) >= lm.vocab_size or min(ids) < 0:
             raise ValueError(f"prompt has token ids outside [0, {lm.vocab_size})")
