@@ -89,6 +89,9 @@ setup(
         "bench": ["matplotlib>=3.7"],
         "monitoring": ["prometheus-client>=0.17"],
         "quant": ["torchao>=0.10"],
+        # llama.cpp as the pass benchmark's peer: built from source (~10 min on 2 cores); sentencepiece
+        # for llama.cpp's GGUF converter.
+        "peer": ["llama-cpp-python>=0.3", "sentencepiece>=0.2"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "import-linter>=2.1", "numpy>=1.24",
                  "matplotlib>=3.7", "prometheus-client>=0.17"],
     },

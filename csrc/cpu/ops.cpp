@@ -9,6 +9,7 @@
 
 #include "../op_inputs.h"
 #include "../philox.h"
+#include "decoder.h"
 #include "sampling.h"
 #include "skinny_linear.h"
 
@@ -146,6 +147,72 @@ at::Tensor skinny_linear_int8_cpu(const at::Tensor& x, const at::Tensor& weight,
   return skinny_linear_impl<int8_t>(x, weight, s.data_ptr<float>());
 }
 
+
+// One decoder pass (csrc/cpu/decoder.h) over M tokens; the layout of the arguments is
+// specdec_fast/models/lean.py's: norms [2 L + 1] (attention and MLP norm of each layer, then
+// the final norm), weights [4 L + 1] (qkv, o, gate_up, down of each layer, then the head), all
+// fp32, bf16 or int8 (then scales [4 L + 1] fp32, one per output row), qkv_bias [L] or empty.
+template <typename W>
+std::tuple<at::Tensor, at::Tensor> decoder_pass_impl(const at::Tensor& x, at::TensorList norms, at::TensorList weights,
+                                                     at::TensorList scales, at::TensorList qkv_bias,
+                                                     const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& rows,
+                                                     const at::Tensor& positions, const at::Tensor& slots, at::Tensor& cache,
+                                                     const at::Tensor& logit_rows, int64_t heads, int64_t kv_heads,
+                                                     double eps) {
+  const int64_t M = x.size(0), d = x.size(1), L = static_cast<int64_t>(norms.size() - 1) / 2;
+  const int64_t hd = cache.size(5), I = weights[2].size(0) / 2, R = logit_rows.size(0), V = weights[4 * L].size(0);
+  TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == at::kFloat && cache.size(1) == L, "decoder_pass: bad cache");
+  TORCH_CHECK(weights.size() == static_cast<size_t>(4 * L + 1), "decoder_pass: 4 weights per layer and a head");
+  const auto linear = [&](int64_t i) {
+    const at::Tensor& w = weights[i];
+    TORCH_CHECK(w.is_contiguous() && w.dim() == 2, "decoder_pass: weights must be contiguous 2D");
+    return specdec::Linear<W>{reinterpret_cast<const W*>(w.data_ptr()), scales.empty() ? nullptr : scales[i].data_ptr<float>(),
+                              w.size(0), w.size(1)};
+  };
+  std::vector<specdec::DecoderLayer<W>> layers;
+  for (int64_t l = 0; l < L; ++l)
+    layers.push_back({norms[2 * l].data_ptr<float>(), linear(4 * l), qkv_bias.empty() ? nullptr : qkv_bias[l].data_ptr<float>(),
+                      linear(4 * l + 1), norms[2 * l + 1].data_ptr<float>(), linear(4 * l + 2), linear(4 * l + 3)});
+  const at::Tensor pos = positions.contiguous(), slot = slots.contiguous(), row = rows.contiguous(), c = cos.contiguous(), s = sin.contiguous();
+  TORCH_CHECK(pos.numel() == M && slot.numel() == M && row.numel() == M && c.size(0) == M && c.size(1) == hd, "decoder_pass: one row, position and rotary row per token");
+  TORCH_CHECK(M == 0 || (slot.max().item<int64_t>() < cache.size(4) && (pos <= slot).all().item<bool>() && row.max().item<int64_t>() < cache.size(0)),
+              "decoder_pass: a slot past the cache's capacity or below its position, or a row past the batch");
+  const auto f32 = x.options();
+  at::Tensor h = x.contiguous().clone(), hidden = at::empty({M, d}, f32), logits = at::empty({R, V}, f32);
+  at::Tensor scratch = at::empty({M * (d + (heads + 2 * kv_heads) * hd + heads * hd + 3 * I + d) + R * d}, f32);
+  float* p = scratch.data_ptr<float>();
+  const specdec::DecoderScratch buf{p, p + M * d, p + M * (d + (heads + 2 * kv_heads) * hd),
+                                    p + M * (d + (2 * heads + 2 * kv_heads) * hd),
+                                    p + M * (d + (2 * heads + 2 * kv_heads) * hd + 2 * I),
+                                    p + M * (d + (2 * heads + 2 * kv_heads) * hd + 3 * I)};
+  const specdec::DecoderShape shape{d, heads, kv_heads, hd, I, static_cast<float>(eps)};
+  const specdec::PassTokens tokens{M, row.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), slot.data_ptr<int64_t>(), c.data_ptr<float>(), s.data_ptr<float>()};
+  const specdec::KVCache kv{cache.data_ptr<float>(), L, kv_heads, cache.size(4), hd};
+  const at::Tensor lr = logit_rows.contiguous();
+  specdec::decoder_pass<W>(h.data_ptr<float>(), layers, norms[2 * L].data_ptr<float>(), linear(4 * L), shape, tokens, kv, buf,
+                           hidden.data_ptr<float>(), lr.data_ptr<int64_t>(), R, p + M * (2 * d + (2 * heads + 2 * kv_heads) * hd + 3 * I),
+                           logits.data_ptr<float>(), at::get_num_threads());
+  return {hidden, logits};
+}
+
+std::tuple<at::Tensor, at::Tensor> decoder_pass_cpu(const at::Tensor& x, at::TensorList norms, at::TensorList weights,
+                                                    at::TensorList scales, at::TensorList qkv_bias, const at::Tensor& cos,
+                                                    const at::Tensor& sin, const at::Tensor& rows, const at::Tensor& positions,
+                                                    const at::Tensor& slots, at::Tensor cache, const at::Tensor& logit_rows, int64_t heads,
+                                                    int64_t kv_heads, double eps) {
+  switch (weights[0].scalar_type()) {
+    case at::kFloat:
+      return decoder_pass_impl<float>(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots, cache, logit_rows, heads, kv_heads, eps);
+    case at::kBFloat16:
+      return decoder_pass_impl<specdec::BFloat16>(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots, cache, logit_rows, heads, kv_heads, eps);
+    case at::kChar:
+      TORCH_CHECK(scales.size() == weights.size(), "decoder_pass: int8 weights need a scale per weight");
+      return decoder_pass_impl<int8_t>(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots, cache, logit_rows, heads, kv_heads, eps);
+    default:
+      TORCH_CHECK(false, "decoder_pass: weights must be fp32, bf16 or int8, got ", weights[0].scalar_type());
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
@@ -155,4 +222,5 @@ TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
   m.impl("philox_uniforms", &philox_uniforms_cpu);
   m.impl("skinny_linear", &skinny_linear_cpu);
   m.impl("skinny_linear_int8", &skinny_linear_int8_cpu);
+  m.impl("decoder_pass", &decoder_pass_cpu);
 }

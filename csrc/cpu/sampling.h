@@ -24,24 +24,6 @@ constexpr int64_t kChunk = 2048;       // elements per chunk: 8 KB of fp32, stay
 constexpr int64_t kFlush = 16;         // vectors summed in fp32 before adding into double
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Storage types of 16-bit logits (bit patterns; the ops pass c10::BFloat16 / c10::Half data).
-struct BFloat16 { uint16_t bits; };
-struct Half { uint16_t bits; };
-
-inline float to_float(float x) { return x; }
-inline float to_float(double x) { return static_cast<float>(x); }
-inline float to_float(BFloat16 x) {
-  const uint32_t bits = static_cast<uint32_t>(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline float to_float(Half x) {
-  _Float16 h;
-  std::memcpy(&h, &x.bits, sizeof h);
-  return static_cast<float>(h);
-}
-
 struct Sampling {
   float temperature;  // 0 = greedy
   int64_t top_k;      // <= 0 or >= V: off

@@ -21,6 +21,25 @@ constexpr int kWidth = 8;
 typedef float vfloat __attribute__((vector_size(4 * kWidth)));
 typedef int32_t vint __attribute__((vector_size(4 * kWidth)));
 
+// Storage types of 16-bit logits (bit patterns; the ops pass c10::BFloat16 / c10::Half data).
+struct BFloat16 { uint16_t bits; };
+struct Half { uint16_t bits; };
+
+inline float to_float(float x) { return x; }
+inline float to_float(double x) { return static_cast<float>(x); }
+inline float to_float(int8_t x) { return static_cast<float>(x); }
+inline float to_float(BFloat16 x) {
+  const uint32_t bits = static_cast<uint32_t>(x.bits) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline float to_float(Half x) {
+  _Float16 h;
+  std::memcpy(&h, &x.bits, sizeof h);
+  return static_cast<float>(h);
+}
+
 inline vfloat splat(float x) { return vfloat{} + x; }
 inline vfloat load(const float* p) {
   vfloat v;
@@ -28,6 +47,16 @@ inline vfloat load(const float* p) {
   return v;
 }
 inline void store(float* p, vfloat v) { std::memcpy(p, &v, sizeof v); }
+// a * b + c, fused (one rounding) where the CPU has FMA, whatever the compiler would contract.
+inline vfloat fma(vfloat a, vfloat b, vfloat c) {
+#if defined(__AVX512F__)
+  return (vfloat)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  return (vfloat)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  return a * b + c;
+#endif
+}
 
 // The first n (< kWidth) lanes from p, the rest `fill`: reads nothing past p[n - 1].
 inline vfloat load_partial(const float* p, int64_t n, float fill) {
@@ -44,6 +73,17 @@ inline float reduce_max(vfloat v) {
   float m = v[0];
   for (int l = 1; l < kWidth; ++l) m = m > v[l] ? m : v[l];
   return m;
+}
+// The lanes of v added in fp32, in a fixed tree order (the AVX-512 reduction instruction
+// sequence where there is one).
+inline float reduce_add(vfloat v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps((__m512)v);
+#else
+  float s = 0.0f;
+  for (int l = 0; l < kWidth; ++l) s += v[l];
+  return s;
+#endif
 }
 // The lanes of v added in double (once per block of fp32 partial sums).
 inline double sum_lanes(vfloat v) {

@@ -16,9 +16,23 @@ namespace specdec {
 
 constexpr int kSkinnyMaxRows = 16;
 
-// Weight lanes as fp32: fp32 as they are, int8 sign-extended and converted (exact). GCC 12
-// scalarises vector-extension conversions from int8, hence the intrinsics.
+// Weight lanes as fp32: fp32 as they are, bf16 shifted into the high half (exact), int8
+// sign-extended and converted (exact). GCC 12 scalarises vector-extension conversions from
+// int8, hence the intrinsics.
 inline vfloat load_weights(const float* p) { return load(p); }
+inline vfloat load_weights(const BFloat16* p) {
+#if defined(__AVX512F__)
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return (vfloat)_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+#elif defined(__AVX2__)
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return (vfloat)_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+#else
+  vfloat v;
+  for (int l = 0; l < kWidth; ++l) v[l] = to_float(p[l]);
+  return v;
+#endif
+}
 inline vfloat load_weights(const int8_t* p) {
 #if defined(__AVX512F__)
   return (vfloat)_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
@@ -37,10 +51,12 @@ inline vfloat load_weights(const int8_t* p) {
 // arithmetic per line, fewer lines in flight); with this, 22-25 GB/s for 1-4 rows.
 constexpr int64_t kPrefetchBytes = 16384;
 
-// Rows [n0, n1) of y [M, N] from x [M, K] fp32 and w [N, K] (fp32, or int8 with a scale per
-// output row: y[m, n] = scale[n] * sum_k x[m, k] w[n, k]), all row-major. No FMA
-// contraction: the compiler would fuse some instantiations and not others, and the sums
-// must not depend on M.
+// Rows [n0, n1) of y [M, N] from x [M, K] fp32 and w [N, K] (fp32, bf16, or int8 with a scale
+// per output row: y[m, n] = scale[n] * sum_k x[m, k] w[n, k]), all row-major. The products
+// are accumulated by explicit FMA (simd.h) and nothing else is contracted: the compiler would
+// fuse some instantiations and not others, and the sums must not depend on M. One FMA per
+// weight vector and row (not a multiply and an add) keeps a 5-row pass of bf16 or int8
+// weights, which costs a conversion per vector too, near the memory bound.
 template <int M, typename W>
 __attribute__((optimize("fp-contract=off"))) void skinny_linear_rows(const float* x, const W* w, const float* scale, float* y,
                                                                       int64_t K, int64_t N, int64_t n0, int64_t n1) {
@@ -52,12 +68,11 @@ __attribute__((optimize("fp-contract=off"))) void skinny_linear_rows(const float
     for (; k + kWidth <= K; k += kWidth) {
       if ((k * sizeof(W)) % 64 == 0) __builtin_prefetch(reinterpret_cast<const char*>(row + k) + kPrefetchBytes, 0, 2);
       const vfloat wk = load_weights(row + k);
-      for (int m = 0; m < M; ++m) acc[m] += wk * load(x + m * K + k);
+      for (int m = 0; m < M; ++m) acc[m] = fma(wk, load(x + m * K + k), acc[m]);
     }
     for (int m = 0; m < M; ++m) {
-      float sum = 0.0f;
-      for (int l = 0; l < kWidth; ++l) sum += acc[m][l];
-      for (int64_t j = k; j < K; ++j) sum += static_cast<float>(row[j]) * x[m * K + j];
+      float sum = reduce_add(acc[m]);
+      for (int64_t j = k; j < K; ++j) sum += to_float(row[j]) * x[m * K + j];
       y[m * N + n] = scale ? sum * scale[n] : sum;
     }
   }

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..bench import alternatives, batch, drafts, e2e, linear, microbench, policies, quant, soak
+from ..bench import alternatives, batch, drafts, e2e, linear, microbench, passes, policies, quant, soak
 from ..bench import warmup as warmup_bench
 from ..drafts.shipped import DRAFT_KINDS
 
@@ -41,6 +41,11 @@ def _policies(args) -> int:
 
 def _linear_bench(args) -> int:
     print(linear.table(linear.run(args.repeats, _out(args, "linear"))))
+    return 0
+
+
+def _pass_bench(args) -> int:
+    print(passes.table(passes.run(args.repeats, args.prompts, args.max_new_tokens, args.decode_repeats, _out(args, "passes"))))
     return 0
 
 
@@ -111,6 +116,13 @@ def add_parsers(commands, common: argparse.ArgumentParser) -> None:
     lb = commands.add_parser("linear-bench", parents=[results], help="skinny linear kernel vs F.linear (benchmarks/linear.py)")
     lb.add_argument("--repeats", type=int, default=21, help="timed repeats per cell (medians reported)")
     lb.set_defaults(run=_linear_bench)
+    pb = commands.add_parser("pass-bench", parents=[results],
+                             help="the target's pass: transformers, skinny, lean, llama.cpp peer (benchmarks/passes.py)")
+    pb.add_argument("--repeats", type=int, default=15, help="timed repeats per pass cell (medians reported)")
+    pb.add_argument("--prompts", type=int, default=3, help="held-out chat prompts decoded greedily by each engine")
+    pb.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per greedy decoding")
+    pb.add_argument("--decode-repeats", type=int, default=3, help="repeats of each decoding (medians reported)")
+    pb.set_defaults(run=_pass_bench)
 
     bb = commands.add_parser("batch-bench", parents=[results],
                              help="batched speculative vs batched autoregressive decoding per batch size (benchmarks/batch.py)")

@@ -16,6 +16,7 @@ from ..drafts.feature import load_feature_draft
 from ..drafts.shipped import DRAFT_KINDS, load_pair
 from ..drafts.small import early_exit_draft, load_small_draft, read_draft_file
 from ..models.fast_passes import use_fast_passes
+from ..models.lean import LEAN_CHOICES
 from ..models.smollm2 import load_smollm2
 from ..policies.baselines import FixedDraftLength
 from ..policies.shipped import default_policy
@@ -81,10 +82,10 @@ def _policy(args, draft):
 
 def run(args) -> int:
     target, draft, tokenizer = _load_pair(args)
-    warmup(target, draft, num_alternatives=args.alternatives)  # the kernels and first-call costs, out of the measured times
+    warmup(target, draft, num_alternatives=args.alternatives, lean=args.lean)  # kernels, first-call costs: out of the clocks
     ids = chat_prompt_ids(tokenizer, args.prompt, chat=not args.no_chat)
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                    seed=args.seed)
+                    seed=args.seed, lean=args.lean)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if not args.json else None
     out = fast_generate(target, draft, ids, tokenizer=tokenizer, policy=_policy(args, draft), verifier=args.verifier,
                         num_alternatives=args.alternatives, streamer=streamer, **sampling)
@@ -127,6 +128,9 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--alternatives", type=int, default=0,
                      help="more candidates for each round's first drafted token, verified in the same target pass")
     gen.add_argument("--seed", type=int, default=0, help="seed of all randomness")
+    gen.add_argument("--lean", choices=LEAN_CHOICES, default="auto",
+                     help="the target's pass: the lean path where the model allows (auto), transformers' (off), or the "
+                          "lean path with fp32 / bf16 / int8 weights (bf16, int8: the output follows that model)")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--baseline", action="store_true", help="also run the target alone and print the speedup")
     gen.add_argument("--json", action="store_true", help="print the text and statistics as JSON")

@@ -8,7 +8,7 @@ import torch
 
 from ..kernels import draft_step
 from ..kernels.sampling import draw_uniforms
-from ..models.cached_lm import as_cached_lm
+from ..models.lean import cached_lm
 from .config import generation_settings
 from .outputs import GenerationOutput, GenerationStats
 from .requests import check_budget, decode_text, prompt_ids
@@ -22,19 +22,20 @@ def generate_autoregressive(
     tokenizer=None,
     seed: int | None = None,
     streamer=None,
+    lean: str = "auto",
     **generation,
 ) -> GenerationOutput:
     """The baseline: one KV-cached target pass per token, sampled exactly as ``fast_generate`` samples.
 
     The prompt (``input_ids``, ``messages`` or ``prompt``, ``attention_mask``) and the generation
     settings (``generation_config``, ``max_new_tokens``, ``do_sample``, ``temperature``, ...) are
-    those of :func:`~specdec_fast.decoding.speculative.fast_generate`; so is the return type.
+    those of :func:`~specdec_fast.decoding.speculative.fast_generate`; so are ``lean`` and the return type.
     """
     prompt = {name: generation.pop(name, None) for name in ("messages", "prompt", "attention_mask")}
     ids = prompt_ids(input_ids, tokenizer=tokenizer, **prompt)
     settings = generation_settings(model, tokenizer, [len(ids)], **generation)
     sampling, eos, max_new_tokens = settings.sampling, settings.eos, settings.max_new_tokens[0]
-    lm = as_cached_lm(model)
+    lm = cached_lm(model, lean)
     check_budget(ids, max_new_tokens, (lm,))
     generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
     load_kernels(lm)

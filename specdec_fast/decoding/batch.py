@@ -42,6 +42,7 @@ def batch_generate(
     num_draft_tokens: int = 4,
     policy: DraftPolicy | None = None,
     verifier: str = "token",
+    lean: str = "auto",
     **generate_kwargs,
 ) -> BatchGenerationOutput:
     """Speculative decoding of a batch of requests; each follows the target's distribution exactly.
@@ -60,7 +61,7 @@ def batch_generate(
             prompt, settings and seed only (with a fixed draft length).
         num_draft_tokens: draft length of every round, unless ``policy`` chooses it; a
             policy is asked with ``rows`` = the sequences still running (see :mod:`specdec_fast.policies.mdp`).
-        verifier: as for :func:`~specdec_fast.decoding.speculative.fast_generate`.
+        verifier, lean: as for :func:`~specdec_fast.decoding.speculative.fast_generate`.
 
     Returns:
         BatchGenerationOutput: per-request outputs (at most ``max_new_tokens`` new tokens each),
@@ -72,7 +73,7 @@ def batch_generate(
                                    max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                                    top_p=top_p, eos_token_id=eos_token_id, **generate_kwargs)
     sampling, eos = settings.sampling, settings.eos
-    target_lm, draft_lm = batched_pair(target, draft, batch)
+    target_lm, draft_lm = batched_pair(target, draft, batch, lean)
     for prompt, budget in zip(ids, settings.max_new_tokens):
         check_budget(prompt, budget, [lm for lm in (target_lm, draft_lm) if lm is not None])
     seeds = list(seeds) if seeds is not None else [torch.seed() for _ in range(batch)]

@@ -43,6 +43,7 @@ def fast_generate(
     seed: int | None = None,
     streamer=None,
     on_round: Callable | None = None,
+    lean: str = "auto",
     **generate_kwargs,
 ) -> GenerationOutput:
     """Speculative decoding of one sequence; the output follows the target's distribution exactly.
@@ -73,6 +74,9 @@ def fast_generate(
         on_round: called after each verification as ``on_round(target_logits [k+1, V],
             draft_probs [k, V], draft_tokens [k], out: VerifyOutput)`` (traces, monitoring);
             with alternatives, these are the chain's, before an alternative is chosen.
+        lean: the target's pass (:mod:`specdec_fast.models.lean`): "auto" (the lean path where the
+            model allows, on a CPU; transformers' with ``num_alternatives``), "off", or a weight
+            precision "fp32", "bf16", "int8" (the output then follows that model's distribution).
 
     Returns:
         GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.
@@ -82,7 +86,7 @@ def fast_generate(
                                    do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                    eos_token_id=eos_token_id, **generate_kwargs)
     sampling, eos, max_new_tokens = settings.sampling, settings.eos, settings.max_new_tokens[0]
-    target_lm, draft_lm = cached_pair(target, draft)
+    target_lm, draft_lm = cached_pair(target, draft, "off" if num_alternatives and lean == "auto" else lean)
     check_alternatives(num_alternatives, verifier, target_lm)
     policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
     check_policy(policy, draft)

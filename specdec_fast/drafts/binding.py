@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..models.batched_lm import BatchedLM
+from ..models.batched_lm import BatchedCachedLM, BatchedLM
 from ..models.cached_lm import CachedLM, as_cached_lm
+from ..models.lean import BatchedLeanLM, cached_lm, lean_precision
 from .feature import FeatureDraft
 from .feature_lm import BatchedFeatureDraft, BatchedFeatureTarget, FeatureDraftLM, feature_pair
 
@@ -30,23 +31,34 @@ def check_pair(target_lm, draft_lm) -> None:
         raise ValueError(f"device mismatch: target is on {devices[0]}, draft on {devices[1]}")
 
 
-def cached_pair(target, draft) -> tuple[CachedLM, CachedLM]:
-    """The (target, draft) caches of one sequence: each model as :func:`as_cached_lm` makes it, or,
+def cached_pair(target, draft, lean: str = "auto") -> tuple[CachedLM, CachedLM]:
+    """The (target, draft) caches of one sequence: the target as :func:`~specdec_fast.models.lean.cached_lm`
+    makes it (the lean path unless ``lean`` says otherwise), the draft as :func:`as_cached_lm` does;
     for a :class:`FeatureDraft` draft, the bound pair of :func:`feature_pair`. Checked with
     :func:`check_pair`."""
-    pair = feature_pair(target, draft) if isinstance(draft, FeatureDraft) else (as_cached_lm(target), as_cached_lm(draft))
+    if isinstance(draft, FeatureDraft):
+        pair = feature_pair(target, draft, lean)
+    else:
+        pair = cached_lm(target, lean), as_cached_lm(draft)
     check_pair(*pair)
     return pair
 
 
-def batched_pair(target: nn.Module, draft: nn.Module | None, batch: int) -> tuple[BatchedLM, BatchedLM | None]:
-    """The batch caches of ``target`` and ``draft`` (a transformers causal LM, a :class:`FeatureDraft`
-    of this target, or None for no draft). Checked with :func:`check_pair`."""
+def batched_pair(target: nn.Module, draft: nn.Module | None, batch: int,
+                 lean: str = "auto") -> tuple[BatchedCachedLM, BatchedCachedLM | None]:
+    """The batch caches of ``target`` (:class:`~specdec_fast.models.lean.BatchedLeanLM` where
+    :func:`~specdec_fast.models.lean.lean_precision` allows, else :class:`BatchedLM`) and ``draft``
+    (a transformers causal LM, a :class:`FeatureDraft` of this target, or None for no draft).
+    Checked with :func:`check_pair`."""
+    precision = lean_precision(target, lean)
+    if precision:
+        target_lm = BatchedLeanLM(target, batch, precision)
+    else:
+        target_lm = BatchedFeatureTarget(target, batch) if isinstance(draft, FeatureDraft) else BatchedLM(target, batch)
     if isinstance(draft, FeatureDraft):
-        target_lm = BatchedFeatureTarget(target, batch)
         pair = target_lm, BatchedFeatureDraft(draft, target_lm, batch)
     else:
-        pair = BatchedLM(target, batch), BatchedLM(draft, batch) if draft is not None else None
+        pair = target_lm, BatchedLM(draft, batch) if draft is not None else None
     if pair[1] is not None:
         check_pair(*pair)
     return pair

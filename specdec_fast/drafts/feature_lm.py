@@ -19,6 +19,7 @@ from transformers import DynamicCache
 
 from ..models.batched_lm import BatchedLM
 from ..models.cached_lm import HFCachedLM, TransformersLM
+from ..models.lean import BatchedLeanLM, LeanLM, lean_precision
 from .feature import FeatureDraft
 
 
@@ -54,7 +55,7 @@ class FeatureTargetLM(HFCachedLM):
 class FeatureDraftLM(TransformersLM):
     """:class:`CachedLM` over a :class:`FeatureDraft` reading ``target``'s features."""
 
-    def __init__(self, draft: FeatureDraft, target: FeatureTargetLM):
+    def __init__(self, draft: FeatureDraft, target: FeatureTargetLM | LeanLM):
         super().__init__(draft.lm)
         self.draft = draft.eval()
         self.target = target
@@ -132,7 +133,7 @@ class BatchedFeatureDraft(BatchedLM):
     stands in beyond the target's cache (one token at a time), and ``keep`` drops the positions
     computed from it (the next round re-feeds them)."""
 
-    def __init__(self, draft: FeatureDraft, target: BatchedFeatureTarget, batch: int):
+    def __init__(self, draft: FeatureDraft, target: BatchedFeatureTarget | BatchedLeanLM, batch: int):
         super().__init__(draft.lm, batch)
         self.draft = draft.eval()
         self.target = target
@@ -185,10 +186,13 @@ class BatchedFeatureDraft(BatchedLM):
         self.last_feature = None if self.last_feature is None else self.last_feature[rows.to(self.device)]
 
 
-def feature_pair(target: nn.Module, draft: FeatureDraft) -> tuple[FeatureTargetLM, FeatureDraftLM]:
-    """The (target, draft) pair to pass to :func:`~specdec_fast.generate.fast_generate`.
+def feature_pair(target: nn.Module, draft: FeatureDraft, lean: str = "auto") -> tuple[FeatureTargetLM | LeanLM, FeatureDraftLM]:
+    """The (target, draft) pair to pass to :func:`~specdec_fast.generate.fast_generate`: the target
+    on the lean path where :func:`~specdec_fast.models.lean.lean_precision` allows (it keeps its
+    features too), else a :class:`FeatureTargetLM`.
 
     The two objects share state (the target's features): use them together, for one
     generation at a time."""
-    target_lm = FeatureTargetLM(target)
+    precision = lean_precision(target, lean)
+    target_lm = LeanLM(target, precision) if precision else FeatureTargetLM(target)
     return target_lm, FeatureDraftLM(draft, target_lm)

@@ -37,6 +37,9 @@ for _name, _schema in SCHEMAS.items():
         _LIBRARY.define(_prefix + _name + _schema)
 _LIBRARY.define("skinny_linear(Tensor x, Tensor weight) -> Tensor")
 _LIBRARY.define("skinny_linear_int8(Tensor x, Tensor weight, Tensor scale) -> Tensor")
+_LIBRARY.define("decoder_pass(Tensor x, Tensor[] norms, Tensor[] weights, Tensor[] scales, Tensor[] qkv_bias, "
+                "Tensor cos, Tensor sin, Tensor rows, Tensor positions, Tensor slots, Tensor(a!) cache, Tensor logit_rows, "
+                "int heads, int kv_heads, float eps) -> (Tensor, Tensor)")
 
 
 def _fake_verify(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms):
@@ -56,12 +59,18 @@ def _fake_philox_uniforms(seed, offset, n):
     return torch.empty(seed.shape[0], n, dtype=torch.float32, device=seed.device)
 
 
+def _fake_decoder_pass(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots, cache, logit_rows, heads,
+                      kv_heads, eps):
+    return x.new_empty(x.shape), x.new_empty(logit_rows.shape[0], weights[-1].shape[0])
+
+
 def _fake_skinny(x, weight, scale=None):
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
 torch.library.register_fake("specdec_fast::skinny_linear", _fake_skinny, lib=_LIBRARY)
 torch.library.register_fake("specdec_fast::skinny_linear_int8", _fake_skinny, lib=_LIBRARY)
+torch.library.register_fake("specdec_fast::decoder_pass", _fake_decoder_pass, lib=_LIBRARY)
 for _prefix in ("", "triton_"):
     torch.library.register_fake(f"specdec_fast::{_prefix}verify", _fake_verify, lib=_LIBRARY)
     torch.library.register_fake(f"specdec_fast::{_prefix}verify_block", _fake_verify, lib=_LIBRARY)

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from ..models.cached_lm import as_cached_lm
+from ..models.lean import cached_lm
 
 
 def medians_in_turn(fns: list[Callable[[], object]], repeats: int, warmup: int = 2) -> list[float]:
@@ -36,7 +36,7 @@ def pass_medians(passes: list[tuple[object, int]], ids: list[int], repeats: int 
     held = {}  # id(model) -> (its CachedLM, the cache length holding ids)
     for model, _ in passes:
         if id(model) not in held:
-            lm = as_cached_lm(model)
+            lm = cached_lm(model)
             lm.reset()
             lm.extend(torch.tensor(ids), 1)
             held[id(model)] = lm, lm.cache_length

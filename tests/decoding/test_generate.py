@@ -8,6 +8,7 @@ import torch
 from transformers import GenerationConfig
 
 from specdec_fast import HFCachedLM, SpeculativeDecoder, fast_generate, generate_autoregressive, warmup
+from specdec_fast.models.lean import LeanLM
 
 from helpers.distribution import chi_square, counts, sequence_counts
 from helpers.markov import BigramLM, bigram_joint
@@ -16,16 +17,18 @@ from helpers.models import NO_EOS, PROMPT, batched_samples, exact_joint, tiny_ll
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "temperature,top_k,top_p,k,runs",
-    [(1.0, 0, 1.0, 2, 6000), (0.8, 6, 0.9, 3, 5000)],
+    "temperature,top_k,top_p,k,runs,lean",
+    [(1.0, 0, 1.0, 2, 6000, "auto"), (0.8, 6, 0.9, 3, 5000, "auto"), (0.8, 6, 0.9, 3, 5000, "off")],
 )
-def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p, k, runs):
-    """The round's law: the first three tokens against the target's exact joint (512 cells). The
-    runs go through batch_generate, 64 requests at a time: fast_generate runs the same round as a
-    batch of one and equals a batch row seed by seed (test_batch.py), so this is its law too."""
+def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p, k, runs, lean):
+    """The round's law: the first three tokens against the target's exact joint (512 cells), with the
+    target on the lean path (the default) and on transformers' (``lean="off"``); the joint is
+    enumerated with transformers' forward. The runs go through batch_generate, 64 requests at a
+    time: fast_generate runs the same round as a batch of one and equals a batch row seed by seed
+    (test_batch.py), so this is its law too."""
     target, draft = tiny_pair
     seqs = batched_samples(target, draft, PROMPT, 3, runs, temperature=temperature, top_k=top_k, top_p=top_p,
-                           num_draft_tokens=k)
+                           num_draft_tokens=k, lean=lean)
     stat, threshold, df = chi_square(sequence_counts(seqs, target.config.vocab_size),
                                      exact_joint(target, PROMPT, 3, temperature, top_k, top_p))
     assert stat < threshold, f"chi2 {stat:.1f} > {threshold:.1f} (df {df})"
@@ -41,12 +44,14 @@ def test_joint_test_detects_the_draft_distribution(tiny_pair):
     assert stat > threshold
 
 
+@pytest.mark.parametrize("lean", ["auto", "off"])
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("prompt", [[5], [2, 7, 1, 0, 3]])
-def test_greedy_equals_target_greedy(k, prompt):
+def test_greedy_equals_target_greedy(k, prompt, lean):
     target, draft = tiny_llama(10, vocab=16), tiny_llama(11, vocab=16, layers=1)
-    ours = fast_generate(target, draft, prompt, max_new_tokens=40, temperature=0.0, num_draft_tokens=k, eos_token_id=NO_EOS)
-    baseline = generate_autoregressive(target, prompt, max_new_tokens=40, temperature=0.0, eos_token_id=NO_EOS)
+    ours = fast_generate(target, draft, prompt, max_new_tokens=40, temperature=0.0, num_draft_tokens=k, eos_token_id=NO_EOS,
+                         lean=lean)
+    baseline = generate_autoregressive(target, prompt, max_new_tokens=40, temperature=0.0, eos_token_id=NO_EOS, lean=lean)
     ids = torch.tensor([prompt])
     hf = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False, pad_token_id=0)[0, len(prompt):]
     assert ours.tokens == baseline.tokens == hf.tolist()
@@ -61,14 +66,15 @@ def test_greedy_with_target_as_its_own_draft_accepts_everything():
     assert out.tokens == generate_autoregressive(target, [1, 2], max_new_tokens=21, temperature=0.0, eos_token_id=NO_EOS).tokens
 
 
+@pytest.mark.parametrize("cache", [HFCachedLM, LeanLM])
 @pytest.mark.parametrize("alternatives", [0, 2])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_cache_after_rounds_equals_full_recompute(tiny_pair, temperature, alternatives):
+def test_cache_after_rounds_equals_full_recompute(tiny_pair, temperature, alternatives, cache):
     """After accept/reject rounds (and rounds that kept a first-token alternative) both caches
-    hold exactly the committed prefix: the next logits from the cache equal those of a full
-    forward pass over the sequence."""
+    (transformers' or the lean path's) hold exactly the committed prefix: the next logits from the
+    cache equal those of a full forward pass over the sequence."""
     target, draft = tiny_pair
-    t, d = HFCachedLM(target), HFCachedLM(draft)
+    t, d = cache(target), cache(draft)
     out = fast_generate(t, d, PROMPT, max_new_tokens=30, temperature=temperature, num_draft_tokens=4,
                         num_alternatives=alternatives, seed=1, eos_token_id=NO_EOS)
     assert 0 < out.stats.accepted < out.stats.drafted  # both accepts and rejects happened

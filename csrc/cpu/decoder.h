@@ -1,0 +1,234 @@
+// One pass of a Llama-family decoder (RMSNorm, rotary attention with grouped KV heads, SwiGLU
+// MLP) over M tokens, all layers in one OpenMP parallel region: the threads meet at a
+// barrier between the steps of a layer (9 per layer) instead of being woken and joined
+// around each of the ~25 torch ops a layer takes in eager mode. No torch headers.
+//
+// Tokens may belong to different sequences (rows) of a batch: token m is at position pos[m]
+// of row row[m]; its key and value go to that row's cache slot slot[m], and it attends to the
+// row's slots 0..pos[m] - 1 and to its own slot. A row's slots below its tokens' positions
+// hold its earlier tokens, so causality needs no mask: a token never reads a slot past its
+// own position. A token usually sits in the slot of its position (slot = pos); an alternative
+// to a token (a sibling: same position, seeing what that token sees) sits past the chain.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "simd.h"
+#include "skinny_linear.h"
+
+namespace specdec {
+
+// y = x W^T (+ bias) with W [out, in] of type W; scale [out] for int8 weights, else null.
+template <typename W>
+struct Linear {
+  const W* weight;
+  const float* scale;
+  int64_t out, in;
+};
+
+template <typename W>
+struct DecoderLayer {
+  const float* attn_norm;  // [d]
+  Linear<W> qkv;           // [(H + 2 Hkv) hd, d]: the q, k and v projections stacked
+  const float* qkv_bias;   // [(H + 2 Hkv) hd] or null
+  Linear<W> o;             // [d, H hd]
+  const float* mlp_norm;   // [d]
+  Linear<W> gate_up;       // [2 I, d]: gate then up
+  Linear<W> down;          // [d, I]
+};
+
+struct DecoderShape {
+  int64_t d, heads, kv_heads, head_dim, inter;
+  float eps;
+};
+
+// The KV cache of every row: [rows, layers, 2 (key, value), kv_heads, capacity, head_dim] fp32.
+struct KVCache {
+  float* data;
+  int64_t layers, kv_heads, capacity, head_dim;
+  float* slot(int64_t row, int64_t layer, int64_t kv, int64_t head, int64_t pos) const {
+    return data + ((((row * layers + layer) * 2 + kv) * kv_heads + head) * capacity + pos) * head_dim;
+  }
+};
+
+// The M tokens of a pass: their rows, positions and cache slots, and the rotary tables cos,
+// sin [M, hd].
+struct PassTokens {
+  int64_t M;
+  const int64_t* row;
+  const int64_t* pos;
+  const int64_t* slot;
+  const float* cos;
+  const float* sin;
+};
+
+// Work buffers of a pass (fp32, row-major): h [M, d], qkv [M, (H + 2 Hkv) hd], attn [M, H hd],
+// gate_up [M, 2 I], act [M, I], tmp [M, d].
+struct DecoderScratch {
+  float *h, *qkv, *attn, *gate_up, *act, *tmp;
+};
+
+constexpr int64_t kLinearChunk = 16;  // output rows per work item: 16 weight rows stay in L1
+
+// y [M, out] = x [M, in] L^T, output rows split across the team (call inside a parallel
+// region). Each chunk of weight rows is read from memory once and applied to every block of
+// up to kSkinnyMaxRows input rows, so M may exceed what one kernel call takes.
+template <typename W, typename After>
+void linear_for(const float* x, int64_t M, const Linear<W>& L, float* y, After after) {
+  const int64_t chunks = (L.out + kLinearChunk - 1) / kLinearChunk;
+#pragma omp for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t n0 = c * kLinearChunk, n1 = std::min(L.out, n0 + kLinearChunk);
+    for (int64_t m0 = 0; m0 < M; m0 += kSkinnyMaxRows) {
+      const int64_t rows = std::min<int64_t>(kSkinnyMaxRows, M - m0);
+      skinny_linear_kernel<W>(static_cast<int>(rows))(x + m0 * L.in, L.weight, L.scale, y + m0 * L.out, L.in, L.out,
+                                                      n0, n1);
+    }
+    after(n0, n1);
+  }
+}
+
+// out [M, d] = RMSNorm(x) * weight, rows split across the team.
+inline void rms_norm_for(const float* x, const float* weight, float* out, int64_t M, int64_t d, float eps) {
+#pragma omp for schedule(static)
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xm = x + m * d;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < d; ++i) sum += xm[i] * xm[i];
+    const float inv = 1.0f / std::sqrt(sum / static_cast<float>(d) + eps);
+    for (int64_t i = 0; i < d; ++i) out[m * d + i] = weight[i] * (xm[i] * inv);
+  }
+}
+
+// x [hd] rotated in place: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1).
+inline void rotate(float* x, const float* cos, const float* sin, int64_t hd) {
+  const int64_t half = hd / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i], b = x[i + half];
+    x[i] = a * cos[i] - b * sin[i];
+    x[i + half] = b * cos[i + half] + a * sin[i + half];
+  }
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  vfloat acc{};
+  int64_t i = 0;
+  for (; i + kWidth <= n; i += kWidth) acc = fma(load(a + i), load(b + i), acc);
+  float s = reduce_add(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// scores[0, n) = exp(scores - max) in place (vectorised); returns their sum. The buffer has
+// room for n rounded up to kWidth.
+inline float softmax_numerators(float* scores, int64_t n) {
+  vfloat top = splat(-INFINITY);
+  int64_t j = 0;
+  for (; j + kWidth <= n; j += kWidth) top = vmax(top, load(scores + j));
+  float m = reduce_max(top);
+  for (; j < n; ++j) m = std::max(m, scores[j]);
+  vfloat total{};
+  for (j = 0; j < n; j += kWidth) {
+    const int64_t lanes = std::min<int64_t>(kWidth, n - j);
+    const vfloat z = lanes == kWidth ? load(scores + j) : load_partial(scores + j, lanes, -INFINITY);
+    const vfloat e = exp_nonpositive(z - m);  // 0 in the lanes past n
+    if (lanes == kWidth)
+      store(scores + j, e);
+    else
+      store_partial(scores + j, e, lanes);
+    total += e;
+  }
+  return reduce_add(total);
+}
+
+// Bias, rotary embedding of q and k, and the keys and values written to the cache.
+inline void rope_and_cache_for(float* qkv, const float* bias, const PassTokens& t, const DecoderShape& s,
+                               const KVCache& cache, int64_t layer) {
+  const int64_t hd = s.head_dim, width = (s.heads + 2 * s.kv_heads) * hd;
+#pragma omp for schedule(static)
+  for (int64_t m = 0; m < t.M; ++m) {
+    float* row = qkv + m * width;
+    if (bias)
+      for (int64_t i = 0; i < width; ++i) row[i] += bias[i];
+    const float *cos = t.cos + m * hd, *sin = t.sin + m * hd;
+    for (int64_t h = 0; h < s.heads + s.kv_heads; ++h) rotate(row + h * hd, cos, sin, hd);
+    for (int64_t h = 0; h < s.kv_heads; ++h) {
+      std::copy_n(row + (s.heads + h) * hd, hd, cache.slot(t.row[m], layer, 0, h, t.slot[m]));
+      std::copy_n(row + (s.heads + s.kv_heads + h) * hd, hd, cache.slot(t.row[m], layer, 1, h, t.slot[m]));
+    }
+  }
+}
+
+// attn [M, H hd]: each (token, query head) attends to its row's cached slots 0..pos - 1 and its own.
+inline void attention_for(const float* qkv, float* attn, const PassTokens& t, const DecoderShape& s,
+                          const KVCache& cache, int64_t layer) {
+  const int64_t hd = s.head_dim, width = (s.heads + 2 * s.kv_heads) * hd, group = s.heads / s.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  thread_local std::vector<float> scores;
+#pragma omp for schedule(static)
+  for (int64_t item = 0; item < t.M * s.heads; ++item) {
+    const int64_t m = item / s.heads, h = item % s.heads, n = t.pos[m] + 1;
+    const float* q = qkv + m * width + h * hd;
+    const float* keys = cache.slot(t.row[m], layer, 0, h / group, 0);
+    const float* values = cache.slot(t.row[m], layer, 1, h / group, 0);
+    const auto seen = [&](int64_t j) { return j + 1 < n ? j : t.slot[m]; };  // the j-th slot it attends to
+    if (static_cast<int64_t>(scores.size()) < n + kWidth) scores.resize(n + kWidth);
+    for (int64_t j = 0; j < n; ++j) scores[j] = dot(q, keys + seen(j) * hd, hd) * scale;
+    const float total = softmax_numerators(scores.data(), n);
+    float* out = attn + m * s.heads * hd + h * hd;
+    int64_t i = 0;
+    for (; i + kWidth <= hd; i += kWidth) {
+      vfloat acc{};
+      for (int64_t j = 0; j < n; ++j) acc = fma(splat(scores[j]), load(values + seen(j) * hd + i), acc);
+      store(out + i, acc / total);
+    }
+    for (; i < hd; ++i) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < n; ++j) acc += scores[j] * values[seen(j) * hd + i];
+      out[i] = acc / total;
+    }
+  }
+}
+
+// The pass: x [M, d] (the tokens' embeddings) goes through every layer in place, then the
+// final norm writes hidden [M, d]; logits [R, V] = hidden[logit_rows] head^T. Keys and values
+// of the M tokens are written to the cache.
+template <typename W>
+void decoder_pass(float* x, const std::vector<DecoderLayer<W>>& layers, const float* final_norm, const Linear<W>& head,
+                  const DecoderShape& s, const PassTokens& t, const KVCache& cache, const DecoderScratch& buf,
+                  float* hidden, const int64_t* logit_rows, int64_t R, float* head_input, float* logits, int threads) {
+  const int64_t M = t.M, d = s.d, I = s.inter;
+#pragma omp parallel num_threads(threads)
+  {
+    for (int64_t l = 0; l < static_cast<int64_t>(layers.size()); ++l) {
+      const DecoderLayer<W>& L = layers[l];
+      rms_norm_for(x, L.attn_norm, buf.h, M, d, s.eps);
+      linear_for(buf.h, M, L.qkv, buf.qkv, [](int64_t, int64_t) {});
+      rope_and_cache_for(buf.qkv, L.qkv_bias, t, s, cache, l);
+      attention_for(buf.qkv, buf.attn, t, s, cache, l);
+      const auto add_to_x = [&](int64_t n0, int64_t n1) {
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = n0; n < n1; ++n) x[m * d + n] += buf.tmp[m * d + n];
+      };
+      linear_for(buf.attn, M, L.o, buf.tmp, add_to_x);
+      rms_norm_for(x, L.mlp_norm, buf.h, M, d, s.eps);
+      linear_for(buf.h, M, L.gate_up, buf.gate_up, [](int64_t, int64_t) {});
+#pragma omp for schedule(static)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t i = 0; i < I; ++i) {
+          const float g = buf.gate_up[m * 2 * I + i];
+          buf.act[m * I + i] = g / (1.0f + std::exp(-g)) * buf.gate_up[m * 2 * I + I + i];
+        }
+      linear_for(buf.act, M, L.down, buf.tmp, add_to_x);
+    }
+    rms_norm_for(x, final_norm, hidden, M, d, s.eps);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < R; ++r) std::copy_n(hidden + logit_rows[r] * d, d, head_input + r * d);
+    linear_for(head_input, R, head, logits, [](int64_t, int64_t) {});
+  }
+}
+
+}  // namespace specdec

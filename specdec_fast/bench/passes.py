@@ -1,0 +1,189 @@
+"""The target's own pass (``specdec-fast pass-bench``): one-token and (k+1)-token pass times of
+SmolLM2-135M-Instruct through transformers (eager), our previous path (skinny linear + packed
+GQA on transformers' modules), the lean path (fp32, an A/A twin, bf16, int8) and llama.cpp on
+GGUFs of the same checkpoint (F32, BF16; skipped, saying why, without llama-cpp-python), beside
+the bound that the read bandwidth measured in the same run sets; then greedy decoding of chat
+prompts by each engine, and by fast_generate with the shipped feature draft and its shipped policy
+(the main job).
+
+Every repeat runs every cell once, in a shuffled order, so the machine's drift falls on all
+alike; medians are reported.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ..data.prompts import heldout_prompts
+from ..decoding import fast_generate, generate_autoregressive
+from ..decoding.requests import chat_prompt_ids
+from ..drafts.shipped import default_feature_draft
+from ..models.cached_lm import HFCachedLM
+from ..models.fast_passes import use_fast_passes
+from ..models.lean import LeanLM, LeanWeights
+from ..models.smollm2 import load_smollm2, smollm2_path
+from ..policies.shipped import default_policy
+from .common import machine, markdown_table, pyplot, save_figure, write_results
+from .microbench import read_bandwidth
+from .peer import LlamaCppPeer, gguf_file, peer_missing
+
+SIZES = (1, 2, 3, 4, 5)  # tokens in a pass: k + 1 for k = 0..4
+CACHED = (64, 512)
+
+
+def _engines(model, threads: int) -> tuple[dict, dict, str | None]:
+    """(our caches by name, llama.cpp peers by name, why the peers are missing or None)."""
+    eager = copy.deepcopy(model)
+    ours = {"transformers eager": lambda: HFCachedLM(eager), "skinny + packed GQA": lambda: HFCachedLM(use_fast_passes(model)),
+            "lean fp32": lambda: LeanLM(model), "lean fp32 (A/A)": lambda: LeanLM(model),
+            "lean bf16": lambda: LeanLM(model, "bf16"), "lean int8": lambda: LeanLM(model, "int8")}
+    missing = peer_missing()
+    peers = {} if missing else {f"llama.cpp {t}": LlamaCppPeer(gguf_file(smollm2_path(), t), threads) for t in ("F32", "BF16")}
+    return ours, peers, missing
+
+
+def pass_times(ours: dict, peers: dict, repeats: int) -> dict[tuple[str, int, int], float]:
+    """Median seconds per (engine, cached tokens, tokens in the pass)."""
+    ids = [(i * 7) % 49152 + 1 for i in range(max(CACHED))]
+    held = {}
+    for c in CACHED:
+        for name, make in ours.items():
+            lm = make()
+            lm.extend(torch.tensor(ids[:c]), 1)
+            held[name, c] = lm
+    cells = [(name, c, n) for name in list(ours) + list(peers) for c in CACHED for n in SIZES]
+    samples = {cell: [] for cell in cells}
+    order = random.Random(0)
+    for _ in range(repeats + 1):  # the first round warms every cell up and is dropped
+        order.shuffle(cells)
+        for name, c, n in cells:
+            tokens = ids[c: c + n] if c + n <= len(ids) else ids[:n]
+            if name in peers:
+                if peers[name].llm.n_tokens != c:
+                    peers[name].hold(ids[:c])
+                seconds = peers[name].timed_pass(tokens)
+            else:
+                lm = held[name, c]
+                start = time.perf_counter()
+                lm.extend(torch.tensor(tokens), n)
+                seconds = time.perf_counter() - start
+                lm.crop(c)
+            samples[name, c, n].append(seconds)
+    return {cell: statistics.median(x[1:]) for cell, x in samples.items()}
+
+
+def weight_bytes(model) -> dict[str, int]:
+    """Bytes a one-token pass must read per weight precision (the matrices; one embedding row)."""
+    out = {}
+    for precision in ("fp32", "bf16", "int8"):
+        w = LeanWeights.of(model, precision)
+        out[precision] = sum(t.numel() * t.element_size() for t in w.weights + w.scales) + w.embed.shape[1] * 4
+    return out
+
+
+def kv_bytes(model, cached: int) -> int:
+    c = model.config
+    return cached * c.num_hidden_layers * 2 * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
+
+
+def decode(model, tokenizer, peers: dict, prompts: int, max_new_tokens: int, repeats: int) -> dict:
+    """Greedy tokens/s (wall time, prompt pass included) per engine on ``prompts`` chat prompts, and
+    how many of llama.cpp F32's tokens our lean fp32 decoding matches (prefix length)."""
+    chats = [chat_prompt_ids(tokenizer, p["prompt"]) for p in heldout_prompts()[:prompts]]
+    feature = default_feature_draft(model)
+    eager = copy.deepcopy(model)
+    runs = {
+        "transformers generate": lambda ids: eager.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                                            do_sample=False, max_new_tokens=max_new_tokens,
+                                                            min_new_tokens=max_new_tokens)[0, len(ids):].tolist(),
+        "autoregressive, skinny + packed GQA": lambda ids: generate_autoregressive(
+            model, ids, max_new_tokens=max_new_tokens, eos_token_id=(), lean="off").tokens,
+        "autoregressive, lean fp32": lambda ids: generate_autoregressive(model, ids, max_new_tokens=max_new_tokens, eos_token_id=()).tokens,
+        "autoregressive, lean bf16": lambda ids: generate_autoregressive(model, ids, max_new_tokens=max_new_tokens, eos_token_id=(),
+                                                                         lean="bf16").tokens,
+        "fast_generate feature draft, lean fp32": lambda ids: fast_generate(
+            model, feature, ids, max_new_tokens=max_new_tokens, eos_token_id=(), policy=default_policy(draft=feature)).tokens,
+        "fast_generate feature draft, lean off": lambda ids: fast_generate(
+            model, feature, ids, max_new_tokens=max_new_tokens, eos_token_id=(), policy=default_policy(draft=feature),
+            lean="off").tokens,
+        **{name: (lambda ids, p=p: p.greedy(ids, max_new_tokens)[0]) for name, p in peers.items()},
+    }
+    use_fast_passes(model)
+    cells = [(name, i) for name in runs for i in range(len(chats))]
+    seconds, tokens = {cell: [] for cell in cells}, {}
+    order = random.Random(1)
+    for _ in range(repeats):
+        order.shuffle(cells)
+        for name, i in cells:
+            start = time.perf_counter()
+            tokens[name, i] = runs[name](chats[i])
+            seconds[name, i].append(time.perf_counter() - start)
+    rates = {name: statistics.median(max_new_tokens / statistics.median(seconds[name, i]) for i in range(len(chats)))
+             for name in runs}
+    match = None
+    if "llama.cpp F32" in runs:
+        match = [next((j for j, (a, b) in enumerate(zip(tokens["llama.cpp F32", i], tokens["autoregressive, lean fp32", i]))
+                       if a != b), max_new_tokens) for i in range(len(chats))]
+    return dict(tokens_per_s=rates, same_greedy_prefix_as_llama_cpp_f32=match)
+
+
+def run(repeats: int, prompts: int, max_new_tokens: int, decode_repeats: int, out: Path = Path("results/passes")) -> dict:
+    model, tokenizer = load_smollm2()
+    threads = torch.get_num_threads()
+    bandwidth = read_bandwidth("cpu")
+    ours, peers, missing = _engines(model, threads)
+    if missing:
+        print(f"llama.cpp peer skipped: {missing}")
+    times = pass_times(ours, peers, repeats)
+    weights = weight_bytes(model)
+    precision = lambda name: "bf16" if "bf16" in name.lower() else "int8" if "int8" in name else "fp32"  # noqa: E731
+    rows = []
+    for name in list(ours) + list(peers):
+        for c in CACHED:
+            bound_s = (weights[precision(name)] + kv_bytes(model, c)) / bandwidth
+            t1 = times[name, c, 1]
+            rows.append(dict(engine=name, cached=c, **{f"ms_{n}": times[name, c, n] * 1e3 for n in SIZES},
+                             tokens_per_s=1 / t1, v=[times[name, c, n] / t1 for n in SIZES], of_bound=bound_s / t1,
+                             bound_tokens_per_s=1 / bound_s))
+    data = dict(machine=machine(), settings=dict(repeats=repeats, threads=threads, prompts=prompts,
+                                                 max_new_tokens=max_new_tokens, decode_repeats=decode_repeats),
+                read_bandwidth_gbps=bandwidth / 1e9, weight_bytes=weights, peer_missing=missing, passes=rows,
+                decode=decode(model, tokenizer, peers, prompts, max_new_tokens, decode_repeats))
+    write_results(out, data, table(data))
+    plot(data, out.with_suffix(".png"))
+    return data
+
+
+def table(data: dict) -> str:
+    passes = markdown_table(
+        ["engine", "cached", *[f"{n}-token ms" for n in SIZES], "tokens/s (1-token)", "v(4) = 5-token / 1-token",
+         "of the bandwidth bound"],
+        [[r["engine"], r["cached"], *[r[f"ms_{n}"] for n in SIZES], r["tokens_per_s"], r["v"][-1], r["of_bound"]]
+         for r in data["passes"]])
+    d = data["decode"]
+    decoded = markdown_table(["engine", "greedy tokens/s (median of prompts)"], [[k, v] for k, v in d["tokens_per_s"].items()])
+    note = (f"Read bandwidth {data['read_bandwidth_gbps']:.1f} GB/s (a sum over 1 GiB); bound = (weights + KV cache read) / "
+            "bandwidth. " + (f"llama.cpp peer skipped: {data['peer_missing']}." if data["peer_missing"] else ""))
+    match = (f"\n\nGreedy tokens equal to llama.cpp F32's before the first difference, per prompt: "
+             f"{d['same_greedy_prefix_as_llama_cpp_f32']}" if d["same_greedy_prefix_as_llama_cpp_f32"] else "")
+    return f"{note}\n\n{passes}\n\nGreedy decoding, {data['settings']['max_new_tokens']} new tokens, chat prompts:\n\n{decoded}{match}"
+
+
+def plot(data: dict, path: Path) -> None:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    rows = [r for r in data["passes"] if r["cached"] == CACHED[0]]
+    for r in rows:
+        ax.plot(SIZES, [r[f"ms_{n}"] for n in SIZES], marker="o", label=r["engine"])
+    ax.set_xlabel("tokens in the pass (k + 1)")
+    ax.set_ylabel("ms per pass")
+    ax.set_title(f"SmolLM2-135M-Instruct pass after {CACHED[0]} cached tokens ({data['settings']['threads']} threads)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    save_figure(fig, path)

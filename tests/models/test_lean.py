@@ -1,0 +1,155 @@
+"""The lean decoder path (specdec_fast/models/lean.py, csrc/cpu/decoder.h): the CPU kernel
+against the torch reference, the lean caches against transformers' eager forward (fp32, and
+bf16 / int8 against the transformers model with the same rounded weights), a token's logits
+independent of the pass it shares, rollback and cache growth, the batch cache against
+``BatchedLM``, and which models take the path."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from specdec_fast.kernels.decoder import decoder_pass
+from specdec_fast.kernels.linear import quantize_int8
+from specdec_fast.models.batched_lm import BatchedLM, right_aligned
+from specdec_fast.models.cached_lm import HFCachedLM
+from specdec_fast.models.lean import BatchedLeanLM, LeanLM, LeanPass, cached_lm, lean_precision, lean_unsupported
+
+from helpers.models import tiny_llama
+
+VOCAB = 96
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(7, vocab=VOCAB, layers=3, hidden=64, context=1024)
+
+
+def rounded(model, precision: str):
+    """A copy of ``model`` whose linear weights are what the lean path reads at ``precision``."""
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight.detach()
+            if precision == "bf16":
+                w = w.bfloat16().float()
+            elif precision == "int8":
+                q, scale = quantize_int8(w)
+                w = q.float() * scale[:, None]
+            module.weight = torch.nn.Parameter(w, requires_grad=False)  # untied: the lean path reads fp32 embeddings
+    return twin
+
+
+def ids(n: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_cpu_kernel_matches_the_reference(model, precision):
+    """Two rows at different positions in one pass, one token a sibling (a slot past its position):
+    hidden states, logits and the cache agree."""
+    lean = LeanPass(model, 2, precision)
+    w = lean.w
+    tokens, rows = ids(9), torch.tensor([0, 0, 0, 0, 0, 1, 1, 1, 1])
+    positions = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 2])
+    slots = torch.tensor([0, 1, 2, 3, 4, 0, 1, 2, 3])  # the last token: a sibling of the one before it
+    x = w.embed[tokens]
+    cos, sin = lean.rotary(x, positions[None])
+    out = {}
+    for backend in ("cpu", "torch"):
+        cache = torch.zeros_like(lean.cache)
+        hidden, logits = decoder_pass(x, w.norms, w.weights, w.scales, w.qkv_bias, cos[0], sin[0], rows, positions, slots, cache,
+                                      torch.tensor([4, 8, 2]), w.heads, w.kv_heads, w.eps, backend=backend)
+        out[backend] = hidden, logits, cache
+    for a, b in zip(out["cpu"], out["torch"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("prompt", [1, 7, 40])
+def test_lean_logits_match_transformers(model, precision, prompt):
+    """Passes of 1, 2, 5 and 9 tokens after a prompt: the logits of transformers' eager forward of
+    the model with the weights the lean path reads, within 1e-4 (fp32 rounding)."""
+    reference, lean = HFCachedLM(rounded(model, precision)), LeanLM(model, precision)
+    torch.testing.assert_close(lean.extend(ids(prompt), prompt), reference.extend(ids(prompt), prompt), rtol=0, atol=1e-4)
+    for n in (1, 2, 5, 9):
+        tokens = ids(n, seed=n)
+        torch.testing.assert_close(lean.extend(tokens, n), reference.extend(tokens, n), rtol=0, atol=1e-4)
+
+
+def test_a_tokens_logits_do_not_depend_on_the_pass_size(model):
+    """The kernel sums every output in one order whatever the number of tokens: the logits of a
+    token are the same bits in a one-token pass as in a 6-token verification pass."""
+    lean = LeanLM(model)
+    lean.extend(ids(20), 1)
+    tokens = ids(6, seed=3)
+    together = lean.extend(tokens, 6)
+    lean.crop(20)
+    alone = torch.cat([lean.extend(t[None], 1) for t in tokens])
+    assert torch.equal(together, alone)
+
+
+def test_rollback_and_growth(model):
+    """A crop moves the length only: re-extending gives the logits of a fresh cache; a sequence past
+    the initial capacity (256 slots) grows the cache and keeps its earlier slots."""
+    lean, fresh = LeanLM(model), LeanLM(model)
+    long = ids(300)
+    lean.extend(long, 1)
+    lean.crop(280)
+    torch.testing.assert_close(lean.extend(long[280:], 3), fresh.extend(long, 3), rtol=0, atol=1e-5)
+    assert lean.lean.cache.shape[4] == 512 and lean.cache_length == 300
+    with pytest.raises(ValueError, match="cannot crop"):
+        lean.crop(301)
+
+
+def test_the_batch_cache_matches_batched_lm(model):
+    """Rows of different lengths, holes, keep and select: the logits of transformers' batch cache
+    wherever a column is fed (a hole's logits are zeros)."""
+    lean, hf = BatchedLeanLM(model, 3), BatchedLM(model, 3)
+    prompts = [ids(5).tolist(), ids(9, 1).tolist(), ids(2, 2).tolist()]
+    for lm in (lean, hf):
+        lm.extend(*right_aligned(prompts), 1)
+    steps = [(torch.stack([ids(3, 4), ids(3, 5), ids(3, 6)]), torch.tensor([[1, 1, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool))]
+    for tokens, fed in steps:
+        a, b = lean.extend(tokens, fed, 3), hf.extend(tokens, fed, 3)
+        torch.testing.assert_close(a[fed], b[fed], rtol=0, atol=1e-4)
+        assert not a[~fed].any()
+    for lm in (lean, hf):
+        lm.keep(torch.tensor([6, 10, 4]))
+        lm.select(torch.tensor([0, 2]))
+    tokens, fed = torch.stack([ids(2, 7), ids(2, 8)]), torch.ones(2, 2, dtype=torch.bool)
+    torch.testing.assert_close(lean.extend(tokens, fed, 2), hf.extend(tokens, fed, 2), rtol=0, atol=1e-4)
+    assert lean.lengths.tolist() == hf.lengths.tolist() == [8, 6]
+    assert lean.valid.sum(1).tolist() == [8, 6] and lean.features.shape == (2, 8, 64)
+
+
+def test_the_stacked_weights_are_the_models_own(model):
+    """No second copy at fp32: q/k/v and gate/up become views of one stack, and the transformers
+    model still computes what it did."""
+    twin = copy.deepcopy(model)
+    before = HFCachedLM(twin).extend(ids(12), 12)
+    lean = LeanPass(twin, 1)
+    attn = twin.model.layers[0].self_attn
+    stack = lean.w.weights[0]
+    assert attn.q_proj.weight.data_ptr() == stack.data_ptr()
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == stack.untyped_storage().data_ptr()
+    assert LeanPass(twin, 1).w is lean.w  # made once per model and precision
+    torch.testing.assert_close(HFCachedLM(twin).extend(ids(12), 12), before, rtol=0, atol=0)
+
+
+def test_which_models_take_the_path(model):
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB))
+    assert "model_type 'gpt2'" in lean_unsupported(gpt2)
+    assert lean_precision(gpt2, "auto") is None and isinstance(cached_lm(gpt2), HFCachedLM)
+    with pytest.raises(ValueError, match="cannot take the lean path: model_type 'gpt2'"):
+        lean_precision(gpt2, "fp32")
+    gelu = tiny_llama(1)
+    gelu.config.hidden_act = "gelu"
+    assert "hidden_act 'gelu'" in lean_unsupported(gelu)
+    assert lean_unsupported(model) is None and lean_precision(model, "auto") == "fp32"
+    assert lean_precision(model, "off") is None and lean_precision(model, "int8") == "int8"
+    with pytest.raises(ValueError, match="lean must be one of"):
+        lean_precision(model, "fp16")

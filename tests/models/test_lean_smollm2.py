@@ -1,0 +1,76 @@
+"""The lean path on the real target, SmolLM2-135M-Instruct: logits against transformers' eager
+forward over a grid of prompt lengths and pass sizes (fp32, and bf16 / int8 against the model
+with the same rounded weights), and greedy decoding equal to transformers' ``generate`` on the
+held-out chat prompts."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from specdec_fast import generate_autoregressive
+from specdec_fast.data.prompts import heldout_prompts
+from specdec_fast.decoding.requests import chat_prompt_ids
+from specdec_fast.kernels.linear import quantize_int8
+from specdec_fast.models.cached_lm import HFCachedLM
+from specdec_fast.models.lean import LeanLM
+
+pytestmark = pytest.mark.slow  # the real 135M-parameter model
+
+TOLERANCE = 5e-4  # logits of magnitude ~30: fp32 sums in another order differ by ~1e-4
+
+
+def with_weights_read_as(model, precision: str):
+    """A copy of ``model`` whose linear weights are the bf16 or int8 weights the lean path reads, in fp32
+    (each a parameter of its own: the head is untied from the embeddings, which the lean path reads
+    in fp32)."""
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight.detach()
+            if precision == "bf16":
+                rounded = w.bfloat16().float()
+            else:
+                q, scale = quantize_int8(w)
+                rounded = q.float() * scale[:, None]
+            module.weight = torch.nn.Parameter(rounded, requires_grad=False)
+    return twin
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_logits_match_transformers_over_prompt_lengths_and_pass_sizes(smollm2, precision):
+    model, tokenizer = smollm2
+    reference = model if precision == "fp32" else with_weights_read_as(model, precision)
+    text = tokenizer(" ".join(p["prompt"] for p in heldout_prompts()[:8]), return_tensors="pt").input_ids[0]
+    for prompt in (1, 9, 70):
+        ours, theirs = LeanLM(model, precision), HFCachedLM(reference)
+        torch.testing.assert_close(ours.extend(text[:prompt], prompt), theirs.extend(text[:prompt], prompt),
+                                   rtol=0, atol=TOLERANCE)
+        start = prompt
+        for n in (1, 2, 5):
+            chunk = text[start: start + n]
+            torch.testing.assert_close(ours.extend(chunk, n), theirs.extend(chunk, n), rtol=0, atol=TOLERANCE)
+            start += n
+
+
+def test_greedy_equals_transformers_generate_on_the_heldout_prompts(smollm2):
+    """Token for token on 12 held-out chat prompts (up to 48 tokens or EOS; transformers' min_new_tokens
+    would suppress EOS, so neither runs past it). A flip is allowed only at a near-tie of
+    transformers' own top two logits (margin < 1e-3), and reported."""
+    model, tokenizer = smollm2
+    flips = []
+    for p in heldout_prompts()[::3]:
+        ids = chat_prompt_ids(tokenizer, p["prompt"])
+        ours = generate_autoregressive(model, ids, max_new_tokens=48, temperature=0.0).tokens  # both stop at EOS
+        x = torch.tensor([ids])
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=48, do_sample=False,
+                             output_scores=True, return_dict_in_generate=True)
+        theirs = out.sequences[0, len(ids):].tolist()
+        if ours != theirs:
+            i = next(j for j, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+            top2 = out.scores[i][0].topk(2).values
+            flips.append((p["prompt"][:40], i, float(top2[0] - top2[1])))
+    assert all(margin < 1e-3 for *_, margin in flips), f"greedy flips that are not near-ties: {flips}"
+    assert len(flips) <= 1, f"flips (prompt, position, transformers' top-2 logit margin): {flips}"
