@@ -10,6 +10,7 @@
 #include "../op_inputs.h"
 #include "../philox.h"
 #include "decoder.h"
+#include "lookup.h"
 #include "sampling.h"
 #include "skinny_linear.h"
 
@@ -213,6 +214,52 @@ std::tuple<at::Tensor, at::Tensor> decoder_pass_cpu(const at::Tensor& x, at::Ten
   }
 }
 
+// Prompt lookup (csrc/cpu/lookup.h) for B sequences: tokens [B, H] int64 (row b's first
+// lengths[b] are its committed tokens), tables keys, next [B, C] int64 (C a power of two).
+specdec::LookupTable lookup_table(at::Tensor& keys, at::Tensor& next, int64_t b) {
+  const int64_t C = keys.size(1);
+  return {reinterpret_cast<uint64_t*>(keys.data_ptr<int64_t>()) + b * C, next.data_ptr<int64_t>() + b * C, C};
+}
+
+void check_lookup(const at::Tensor& tokens, const at::Tensor& keys, const at::Tensor& next, int64_t max_n) {
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong && tokens.is_contiguous(), "lookup: tokens [B, H] int64");
+  TORCH_CHECK(keys.sizes() == next.sizes() && keys.size(0) == tokens.size(0) && keys.is_contiguous() && next.is_contiguous() &&
+                  keys.scalar_type() == at::kLong && next.scalar_type() == at::kLong,
+              "lookup: keys and next [B, C] int64, one row per sequence");
+  TORCH_CHECK(keys.size(1) > 0 && (keys.size(1) & (keys.size(1) - 1)) == 0, "lookup: the table size must be a power of two");
+  TORCH_CHECK(max_n >= 1 && max_n <= specdec::kLookupMaxN, "lookup: n-grams of 1..", specdec::kLookupMaxN, " tokens");
+}
+
+void lookup_add_cpu(const at::Tensor& tokens, const at::Tensor& from, const at::Tensor& to, at::Tensor keys, at::Tensor next,
+                    int64_t max_n) {
+  check_lookup(tokens, keys, next, max_n);
+  const at::Tensor f = from.to(at::kLong).contiguous(), t = to.to(at::kLong).contiguous();
+  const int64_t H = tokens.size(1);
+  for (int64_t b = 0; b < tokens.size(0); ++b) {
+    const int64_t lo = f.data_ptr<int64_t>()[b], hi = t.data_ptr<int64_t>()[b];
+    TORCH_CHECK(0 <= lo && lo <= hi && hi <= H, "lookup_add: row ", b, " indexes tokens ", lo, "..", hi, " of ", H);
+    specdec::lookup_add(lookup_table(keys, next, b), tokens.data_ptr<int64_t>() + b * H, lo, hi, static_cast<int>(max_n));
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lookup_propose_cpu(const at::Tensor& tokens, const at::Tensor& lengths,
+                                                                  at::Tensor keys, at::Tensor next, int64_t min_n,
+                                                                  int64_t max_n, int64_t k) {
+  check_lookup(tokens, keys, next, max_n);
+  const at::Tensor len = lengths.to(at::kLong).contiguous();
+  const int64_t B = tokens.size(0), H = tokens.size(1);
+  at::Tensor out = at::full({B, k}, -1, tokens.options()), count = at::zeros({B}, tokens.options()),
+             matched = at::zeros({B}, tokens.options());
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = len.data_ptr<int64_t>()[b];
+    TORCH_CHECK(0 <= n && n <= H, "lookup_propose: row ", b, " has length ", n, " of ", H);
+    count.data_ptr<int64_t>()[b] = specdec::lookup_propose(lookup_table(keys, next, b), tokens.data_ptr<int64_t>() + b * H, n,
+                                                           static_cast<int>(min_n), static_cast<int>(max_n), k,
+                                                           out.data_ptr<int64_t>() + b * k, matched.data_ptr<int64_t>() + b);
+  }
+  return {out, count, matched};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
@@ -223,4 +270,6 @@ TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
   m.impl("skinny_linear", &skinny_linear_cpu);
   m.impl("skinny_linear_int8", &skinny_linear_int8_cpu);
   m.impl("decoder_pass", &decoder_pass_cpu);
+  m.impl("lookup_add", &lookup_add_cpu);
+  m.impl("lookup_propose", &lookup_propose_cpu);
 }

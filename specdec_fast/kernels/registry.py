@@ -40,6 +40,9 @@ _LIBRARY.define("skinny_linear_int8(Tensor x, Tensor weight, Tensor scale) -> Te
 _LIBRARY.define("decoder_pass(Tensor x, Tensor[] norms, Tensor[] weights, Tensor[] scales, Tensor[] qkv_bias, "
                 "Tensor cos, Tensor sin, Tensor rows, Tensor positions, Tensor slots, Tensor(a!) cache, Tensor logit_rows, "
                 "int heads, int kv_heads, float eps) -> (Tensor, Tensor)")
+_LIBRARY.define("lookup_add(Tensor tokens, Tensor start, Tensor end, Tensor(a!) keys, Tensor(b!) next, int max_n) -> ()")
+_LIBRARY.define("lookup_propose(Tensor tokens, Tensor lengths, Tensor keys, Tensor next, int min_n, int max_n, int k) "
+                "-> (Tensor, Tensor, Tensor)")
 
 
 def _fake_verify(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms):

@@ -1,0 +1,89 @@
+"""Prompt-lookup ops: an n-gram index of each sequence's committed tokens and the proposal of
+the continuation of its longest earlier-seen suffix (csrc/cpu/lookup.h).
+
+The reference (:func:`lookup_propose_reference`) is the definition, by search: the longest
+suffix of n <= max_n tokens (n >= min_n) that occurred earlier, ending before the last token,
+and the tokens after its most recent occurrence. The ``cpu`` kernel answers the same from an
+index updated in O(max_n) per committed token, in a table of ``capacity`` entries per
+sequence; a newer n-gram that lands in an occupied slot evicts the older one, so with many
+n-grams per slot it may miss a match the search finds (a draft's quality, never the output's).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import registry  # noqa: F401  the ops' schemas
+from .backends import resolve
+
+MAX_N = 8  # csrc/cpu/lookup.h kLookupMaxN
+
+
+def lookup_propose_reference(tokens: list[int], min_n: int, max_n: int, k: int) -> tuple[list[int], int]:
+    """(up to k tokens continuing the longest suffix of ``tokens`` seen before, the suffix length
+    n; ([], 0) without a match): n from max_n down to min_n, the most recent earlier occurrence."""
+    length = len(tokens)
+    for n in range(min(max_n, length), max(min_n, 1) - 1, -1):
+        suffix = tokens[length - n:]
+        for end in range(length - 1, n - 1, -1):  # the occurrence tokens[end - n:end], most recent first
+            if tokens[end - n: end] == suffix:
+                return tokens[end: end + k], n
+    return [], 0
+
+
+class LookupIndex:
+    """The n-gram index of B sequences: ``tokens`` [B, H] int64 (row b's first ``lengths[b]``
+    entries are its sequence), ``indexed`` [B] (how many are in the index), and the tables."""
+
+    def __init__(self, batch: int, capacity: int = 1 << 16, max_n: int = 4, backend: str = "auto"):
+        if capacity <= 0 or capacity & (capacity - 1):
+            raise ValueError(f"capacity must be a power of two, got {capacity}")
+        if not 1 <= max_n <= MAX_N:
+            raise ValueError(f"max_n must be in 1..{MAX_N}, got {max_n}")
+        self.max_n, self.backend = max_n, resolve(backend, torch.device("cpu"))
+        self.tokens = torch.zeros(batch, 256, dtype=torch.int64)
+        self.lengths = torch.zeros(batch, dtype=torch.int64)
+        self.indexed = torch.zeros(batch, dtype=torch.int64)
+        self.keys = torch.zeros(batch, capacity, dtype=torch.int64)
+        self.next = torch.zeros(batch, capacity, dtype=torch.int64)
+
+    def append(self, row: int, tokens: list[int]) -> None:
+        """Add ``tokens`` to sequence ``row`` (not yet to the index: see :meth:`commit`)."""
+        end = int(self.lengths[row]) + len(tokens)
+        if end > self.tokens.shape[1]:
+            grown = torch.zeros(self.tokens.shape[0], max(end, 2 * self.tokens.shape[1]), dtype=torch.int64)
+            grown[:, : self.tokens.shape[1]] = self.tokens
+            self.tokens = grown
+        self.tokens[row, int(self.lengths[row]): end] = torch.tensor(tokens, dtype=torch.int64)
+        self.lengths[row] = end
+
+    def truncate(self, lengths: Tensor) -> None:
+        """Keep the first ``lengths[b]`` tokens of each row (never below what is indexed)."""
+        self.lengths = torch.minimum(self.lengths, lengths.cpu())
+        if bool((self.lengths < self.indexed).any()):
+            raise ValueError("cannot drop tokens that are in the lookup index (only uncommitted drafts can be dropped)")
+
+    def commit(self) -> None:
+        """Index every row's tokens up to its length."""
+        if self.backend == "cpu":
+            torch.ops.specdec_fast.lookup_add(self.tokens, self.indexed, self.lengths, self.keys, self.next, self.max_n)
+        self.indexed = self.lengths.clone()
+
+    def propose(self, k: int, min_n: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+        """(proposals [B, k] int64, -1 past a row's count; counts [B]; matched suffix lengths [B])
+        for each row's indexed sequence."""
+        if self.backend == "cpu":
+            return torch.ops.specdec_fast.lookup_propose(self.tokens, self.indexed, self.keys, self.next, min_n, self.max_n, k)
+        out = torch.full((len(self.lengths), k), -1, dtype=torch.int64)
+        counts, matched = torch.zeros(len(self.lengths), dtype=torch.int64), torch.zeros(len(self.lengths), dtype=torch.int64)
+        for b in range(len(self.lengths)):
+            found, n = lookup_propose_reference(self.tokens[b, : int(self.indexed[b])].tolist(), min_n, self.max_n, k)
+            out[b, : len(found)], counts[b], matched[b] = torch.tensor(found, dtype=torch.int64), len(found), n
+        return out, counts, matched
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only ``rows`` of the batch."""
+        rows = rows.cpu()
+        for name in ("tokens", "lengths", "indexed", "keys", "next"):
+            setattr(self, name, getattr(self, name)[rows])

@@ -1,0 +1,62 @@
+"""Prompt-lookup ops (csrc/cpu/lookup.h) against the search that defines them
+(``lookup_propose_reference``): the longest earlier-seen suffix, its most recent occurrence,
+committed in any number of steps, several rows at once; and the bad inputs they refuse."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from specdec_fast.kernels.lookup import LookupIndex, lookup_propose_reference
+
+
+def test_the_reference_is_the_longest_most_recent_match():
+    tokens = [5, 1, 2, 3, 9, 1, 2, 4, 7, 1, 2]
+    assert lookup_propose_reference(tokens, 1, 3, 4) == ([4, 7, 1, 2], 2)  # "1 2" last seen before position 7
+    assert lookup_propose_reference(tokens, 3, 3, 4) == ([], 0)  # the 3-gram "7 1 2" has no earlier occurrence
+    assert lookup_propose_reference([3, 3], 1, 2, 5) == ([3], 1)
+    assert lookup_propose_reference([8], 1, 3, 5) == ([], 0)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_the_index_proposes_what_the_search_finds(backend):
+    rng = random.Random(0)
+    rows = [[rng.randrange(5) for _ in range(rng.randrange(1, 80))] for _ in range(40)]
+    index = LookupIndex(len(rows), capacity=1 << 12, max_n=3, backend=backend)
+    done = [0] * len(rows)
+    for step in range(3):  # commit each row in three uneven steps
+        for b, tokens in enumerate(rows):
+            end = len(tokens) if step == 2 else rng.randrange(done[b], len(tokens) + 1)
+            index.append(b, tokens[done[b]: end])
+            done[b] = end
+        index.commit()
+        out, counts, matched = index.propose(6, min_n=1)
+        for b, tokens in enumerate(rows):
+            expected, n = lookup_propose_reference(tokens[: done[b]], 1, 3, 6)
+            assert out[b, : int(counts[b])].tolist() == expected and int(matched[b]) == n
+            assert (out[b, int(counts[b]):] == -1).all()
+
+
+def test_drafted_tokens_are_dropped_and_never_indexed():
+    index = LookupIndex(1, capacity=1 << 8, max_n=2)
+    index.append(0, [1, 2, 3, 1, 2])
+    index.commit()
+    index.append(0, [9, 9])  # drafted, then rejected
+    index.truncate(torch.tensor([5]))
+    index.commit()
+    out, counts, _ = index.propose(3)
+    assert out[0, : int(counts[0])].tolist() == [3, 1, 2]
+    with pytest.raises(ValueError, match="cannot drop tokens that are in the lookup index"):
+        index.truncate(torch.tensor([4]))
+
+
+def test_bad_tables_are_refused():
+    with pytest.raises(ValueError, match="power of two"):
+        LookupIndex(1, capacity=1000)
+    with pytest.raises(ValueError, match="max_n must be in 1..8"):
+        LookupIndex(1, max_n=9)
+    index = LookupIndex(1)
+    with pytest.raises(RuntimeError, match="lookup_add: row 0 indexes tokens"):
+        torch.ops.specdec_fast.lookup_add(index.tokens, torch.tensor([3]), torch.tensor([1]), index.keys, index.next, 2)
