@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
 from ..decoding import fast_generate, generate_autoregressive, warmup
 from ..decoding.requests import chat_prompt_ids
 from ..drafts.feature import load_feature_draft
+from ..drafts.lookup import PromptLookup
 from ..drafts.shipped import DRAFT_KINDS, load_pair
 from ..drafts.small import early_exit_draft, load_small_draft, read_draft_file
 from ..models.fast_passes import use_fast_passes
@@ -20,6 +21,8 @@ from ..models.lean import LEAN_CHOICES
 from ..models.smollm2 import load_smollm2
 from ..policies.baselines import FixedDraftLength
 from ..policies.shipped import default_policy
+
+LOOKUP_TOKENS = 8
 
 
 def check(parser: argparse.ArgumentParser, args) -> None:
@@ -53,13 +56,15 @@ def check(parser: argparse.ArgumentParser, args) -> None:
 def _load_pair(args):
     """The target, draft and tokenizer the flags ask for (default: SmolLM2 with its shipped feature
     draft), with fast passes on both models."""
-    if args.target is None and args.draft_model is None and args.draft != "early-exit":
+    if args.target is None and args.draft_model is None and args.draft not in ("early-exit", "lookup"):
         return load_pair(args.draft or DRAFT_KINDS[0], models=True)
     if args.target is not None:
         target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
         tokenizer = AutoTokenizer.from_pretrained(args.target)
     else:
         target, tokenizer = load_smollm2()
+    if args.draft == "lookup":
+        return use_fast_passes(target), PromptLookup(), tokenizer
     if args.draft == "early-exit":
         draft = early_exit_draft(target, args.draft_layers)
     elif args.draft_model.endswith(".safetensors"):
@@ -72,9 +77,11 @@ def _load_pair(args):
 
 def _policy(args, draft):
     """The draft-length policy: a fixed length if asked for, else the shipped learned one for a shipped
-    SmolLM2 draft, else 4 tokens."""
+    SmolLM2 draft, LOOKUP_TOKENS for a lookup draft (what the context offers caps it), else 4 tokens."""
     if args.num_draft_tokens is not None:
         return FixedDraftLength(args.num_draft_tokens)
+    if args.draft == "lookup":
+        return FixedDraftLength(LOOKUP_TOKENS)
     if args.target is None and args.draft_model is None and args.draft != "early-exit":
         return default_policy(args.verifier, draft=draft)
     return FixedDraftLength(4)
@@ -111,9 +118,10 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--prompt", required=True, help="the user's message (wrapped in the chat template unless --no-chat)")
     gen.add_argument("--target", help="a transformers checkpoint folder of your own (default: SmolLM2-135M-Instruct); "
                      "it needs --draft-model or --draft early-exit")
-    gen.add_argument("--draft", choices=[*DRAFT_KINDS, "early-exit"],
+    gen.add_argument("--draft", choices=[*DRAFT_KINDS, "early-exit", "lookup"],
                      help="feature / token: the drafts shipped for SmolLM2 (default: feature); early-exit: the "
-                          "target's first --draft-layers layers, for any target")
+                          "target's first --draft-layers layers; lookup: copy from the context (prompt lookup, "
+                          f"up to {LOOKUP_TOKENS} tokens a round unless -k); the last two for any target")
     gen.add_argument("--draft-model", help="a draft of your own: a transformers checkpoint folder with the target's "
                      "vocabulary, or a .safetensors file written by train-draft (SmolLM2)")
     gen.add_argument("--draft-layers", type=int, default=0, help="layers of the early-exit draft")

@@ -87,9 +87,9 @@ def _residual(p: Tensor, q: Tensor) -> Tensor:
     return residual / total if total > RESIDUAL_EPS else p
 
 
-def check_alternatives(count: int, verifier: str, target_lm) -> None:
-    """``count`` alternatives are possible: a non-negative integer, token-wise verification, and a
-    target with sibling passes."""
+def check_alternatives(count: int, verifier: str, target_lm, draft_lm=None) -> None:
+    """``count`` alternatives are possible: a non-negative integer, token-wise verification, a
+    target with sibling passes, and a draft with a distribution to draw them from (not a lookup)."""
     if int(count) != count or count < 0:
         raise ValueError(f"num_alternatives must be a non-negative integer, got {count}")
     if count and verifier != "token":
@@ -97,6 +97,8 @@ def check_alternatives(count: int, verifier: str, target_lm) -> None:
     if count and not hasattr(target_lm, "extend_siblings"):
         raise ValueError(f"first-token alternatives need a target with extend_siblings and keep_sibling; "
                          f"{type(target_lm).__name__} has neither")
+    if count and hasattr(draft_lm, "proposal_lengths"):
+        raise ValueError("first-token alternatives need a draft with a distribution; a lookup draft proposes one token")
 
 
 def try_alternatives(p_logits: Tensor, sibling_logits: Tensor, q: Tensor, first: int, alternatives: Tensor,

@@ -107,8 +107,14 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
     u = padded(uniforms, width)
     if width:
         seen = draft.lengths.tolist()
+        if hasattr(draft, "begin_round"):  # a lookup draft: what it is fed now is committed
+            draft.begin_round()
         logits = draft.extend(*right_aligned([s.ids[m:] for s, m in zip(seqs, seen)]), 1)[:, -1]
         first_logits, passes = logits, 1
+        offered = getattr(draft, "proposal_lengths", None)  # a lookup draft offers what it found
+        if offered is not None:
+            lens = [min(n, int(a)) for n, a in zip(lens, offered)]
+            width = max(lens)
     for i in range(width):
         step = draft_step(logits, sampling=sampling, uniforms=u[:, i].to(logits.device))
         if policy is not None and i == 0 and not policy.propose_first(step, float(sampling.temperature)):

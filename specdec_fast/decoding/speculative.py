@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..drafts.binding import cached_pair
-from ..models.batched_lm import OneSequence
+from ..models.batched_lm import BatchedCachedLM, OneSequence
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
 from .alternatives import alternatives_round, check_alternatives
@@ -51,7 +51,8 @@ def fast_generate(
     Args:
         target, draft: transformers causal LMs or :class:`~specdec_fast.models.cached_lm.CachedLM`
             objects with the same vocabulary, on the same device; or a transformers target and
-            a :class:`~specdec_fast.drafts.feature.FeatureDraft` built on it.
+            a :class:`~specdec_fast.drafts.feature.FeatureDraft` built on it; or any target and a
+            :class:`~specdec_fast.drafts.lookup.PromptLookup` (drafts copied from the context).
         input_ids: the prompt, [S] or [1, S], or a dict / BatchEncoding with ``input_ids`` (and
             ``attention_mask``); or ``messages``, a chat in the tokenizer's chat template (the
             assistant's turn opened); or ``prompt``, raw text (no chat template).
@@ -87,7 +88,7 @@ def fast_generate(
                                    eos_token_id=eos_token_id, **generate_kwargs)
     sampling, eos, max_new_tokens = settings.sampling, settings.eos, settings.max_new_tokens[0]
     target_lm, draft_lm = cached_pair(target, draft, "off" if num_alternatives and lean == "auto" else lean)
-    check_alternatives(num_alternatives, verifier, target_lm)
+    check_alternatives(num_alternatives, verifier, target_lm, draft_lm)
     policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
     check_policy(policy, draft)
     check_budget(ids, max_new_tokens, (target_lm, draft_lm))
@@ -98,7 +99,8 @@ def fast_generate(
     seq = Request(ids, max_new_tokens, generator, GenerationStats(prompt_tokens=len(ids)))
     target_lm.reset()
     draft_lm.reset()
-    one_target, one_draft = OneSequence(target_lm), OneSequence(draft_lm)
+    one_target = OneSequence(target_lm)
+    one_draft = draft_lm if isinstance(draft_lm, BatchedCachedLM) else OneSequence(draft_lm)  # a lookup draft is one already
     prefill(one_target, one_draft, [seq])
     seq.stats.prefill_s = time.perf_counter() - start
     if streamer is not None:

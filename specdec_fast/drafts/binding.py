@@ -15,10 +15,14 @@ from ..models.cached_lm import CachedLM, as_cached_lm
 from ..models.lean import BatchedLeanLM, cached_lm, lean_precision
 from .feature import FeatureDraft
 from .feature_lm import BatchedFeatureDraft, BatchedFeatureTarget, FeatureDraftLM, feature_pair
+from .lookup import LookupLM, PromptLookup
 
 
 def draft_kind(draft) -> str:
-    """"feature" for a feature draft (the module or its caches), "token" for any other draft."""
+    """"feature" for a feature draft (the module or its caches), "lookup" for prompt lookup,
+    "token" for any other draft."""
+    if isinstance(draft, (PromptLookup, LookupLM)):
+        return "lookup"
     return "feature" if isinstance(draft, (FeatureDraft, FeatureDraftLM, BatchedFeatureDraft)) else "token"
 
 
@@ -31,6 +35,11 @@ def check_pair(target_lm, draft_lm) -> None:
         raise ValueError(f"device mismatch: target is on {devices[0]}, draft on {devices[1]}")
 
 
+def lookup_pair(target_lm, draft: PromptLookup, batch: int):
+    """(``target_lm``, the :class:`LookupLM` of ``draft`` for ``batch`` rows on its vocabulary and device)."""
+    return target_lm, LookupLM(draft, target_lm.vocab_size, batch, target_lm.max_length, getattr(target_lm, "device", "cpu"))
+
+
 def cached_pair(target, draft, lean: str = "auto") -> tuple[CachedLM, CachedLM]:
     """The (target, draft) caches of one sequence: the target as :func:`~specdec_fast.models.lean.cached_lm`
     makes it (the lean path unless ``lean`` says otherwise), the draft as :func:`as_cached_lm` does;
@@ -38,6 +47,8 @@ def cached_pair(target, draft, lean: str = "auto") -> tuple[CachedLM, CachedLM]:
     :func:`check_pair`."""
     if isinstance(draft, FeatureDraft):
         pair = feature_pair(target, draft, lean)
+    elif isinstance(draft, PromptLookup):
+        pair = lookup_pair(cached_lm(target, lean), draft, 1)
     else:
         pair = cached_lm(target, lean), as_cached_lm(draft)
     check_pair(*pair)
@@ -57,6 +68,8 @@ def batched_pair(target: nn.Module, draft: nn.Module | None, batch: int,
         target_lm = BatchedFeatureTarget(target, batch) if isinstance(draft, FeatureDraft) else BatchedLM(target, batch)
     if isinstance(draft, FeatureDraft):
         pair = target_lm, BatchedFeatureDraft(draft, target_lm, batch)
+    elif isinstance(draft, PromptLookup):
+        pair = lookup_pair(target_lm, draft, batch)
     else:
         pair = target_lm, BatchedLM(draft, batch) if draft is not None else None
     if pair[1] is not None:

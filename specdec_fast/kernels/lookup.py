@@ -20,13 +20,16 @@ from .backends import resolve
 MAX_N = 8  # csrc/cpu/lookup.h kLookupMaxN
 
 
-def lookup_propose_reference(tokens: list[int], min_n: int, max_n: int, k: int) -> tuple[list[int], int]:
+def lookup_propose_reference(tokens: list[int], min_n: int, max_n: int, k: int,
+                             indexed: int | None = None) -> tuple[list[int], int]:
     """(up to k tokens continuing the longest suffix of ``tokens`` seen before, the suffix length
-    n; ([], 0) without a match): n from max_n down to min_n, the most recent earlier occurrence."""
+    n; ([], 0) without a match): n from max_n down to min_n, the most recent earlier occurrence
+    among those followed by one of the first ``indexed`` tokens (default: all)."""
     length = len(tokens)
+    last_end = min(length, indexed if indexed is not None else length) - 1  # an occurrence ends before a token
     for n in range(min(max_n, length), max(min_n, 1) - 1, -1):
         suffix = tokens[length - n:]
-        for end in range(length - 1, n - 1, -1):  # the occurrence tokens[end - n:end], most recent first
+        for end in range(last_end, n - 1, -1):  # the occurrence tokens[end - n:end], most recent first
             if tokens[end - n: end] == suffix:
                 return tokens[end: end + k], n
     return [], 0
@@ -71,14 +74,15 @@ class LookupIndex:
         self.indexed = self.lengths.clone()
 
     def propose(self, k: int, min_n: int = 1) -> tuple[Tensor, Tensor, Tensor]:
-        """(proposals [B, k] int64, -1 past a row's count; counts [B]; matched suffix lengths [B])
-        for each row's indexed sequence."""
+        """(proposals [B, k] int64, -1 past a row's count; counts [B]; matched suffix lengths [B]):
+        what continues each row's longest suffix, among the occurrences in the index."""
         if self.backend == "cpu":
-            return torch.ops.specdec_fast.lookup_propose(self.tokens, self.indexed, self.keys, self.next, min_n, self.max_n, k)
+            return torch.ops.specdec_fast.lookup_propose(self.tokens, self.lengths, self.keys, self.next, min_n, self.max_n, k)
         out = torch.full((len(self.lengths), k), -1, dtype=torch.int64)
         counts, matched = torch.zeros(len(self.lengths), dtype=torch.int64), torch.zeros(len(self.lengths), dtype=torch.int64)
         for b in range(len(self.lengths)):
-            found, n = lookup_propose_reference(self.tokens[b, : int(self.indexed[b])].tolist(), min_n, self.max_n, k)
+            found, n = lookup_propose_reference(self.tokens[b, : int(self.lengths[b])].tolist(), min_n, self.max_n, k,
+                                                int(self.indexed[b]))
             out[b, : len(found)], counts[b], matched[b] = torch.tensor(found, dtype=torch.int64), len(found), n
         return out, counts, matched
 

@@ -49,7 +49,8 @@ def default_policy(verifier: str = "token", path: Path | None = None, max_draft_
     (a feature draft: the feature pair's, the main job's; any other: the token pair's), or the one
     in ``path``; with neither, the token pair's. Its ``trained_for`` names the draft kind it learnt
     from, and the loops warn when it meets another."""
-    path = path if path is not None else POLICY_FILES[draft_kind(draft) if draft is not None else "token"]
+    kind = draft_kind(draft) if draft is not None else "token"
+    path = path if path is not None else POLICY_FILES.get(kind, POLICY_FILES["token"])
     predictor, _, _, metadata = load_policy(path)
     costs = CostModel(metadata["draft_step_s"], {int(n): s for n, s in metadata["target_pass_s"].items()})
     policy = CostAwarePolicy(predictor, costs, verifier=verifier, max_draft_tokens=max_draft_tokens)

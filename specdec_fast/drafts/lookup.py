@@ -1,0 +1,110 @@
+"""Prompt lookup: a draft that copies from the context, at no training cost.
+
+Pass a :class:`PromptLookup` as the draft of ``fast_generate`` or ``batch_generate``. Each
+round it proposes the tokens that followed the most recent earlier occurrence of the
+sequence's longest suffix (up to ``max_n`` tokens, at least ``min_n``) in the prompt and the
+text generated so far (:mod:`specdec_fast.kernels.lookup`); a row without such a suffix drafts
+nothing that round (the target emits one token). A proposed token is a point mass: q = 1 on
+it, so it is accepted with probability p(x) and a rejection resamples from p with x removed,
+which keeps the output exactly the target's.
+
+:class:`LookupLM` is its cache for the loops (:class:`~specdec_fast.models.batched_lm.BatchedCachedLM`
+of B rows). Its logits are 0 at the proposed token and -inf elsewhere, so the draft step samples
+the proposal at any temperature, top-k or top-p; ``proposal_lengths`` tells the round how many
+tokens each row has to offer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..kernels.lookup import MAX_N, LookupIndex
+
+
+@dataclass(frozen=True)
+class PromptLookup:
+    """A draft that proposes continuations of the context's longest earlier-seen suffix.
+
+    max_n, min_n: the longest and shortest suffix matched (1 <= min_n <= max_n <= 8).
+    max_tokens: the most tokens proposed in one round (the round's draft length caps it too).
+    capacity: index entries per sequence (a power of two; 16 bytes each), bounding its memory.
+    """
+
+    max_n: int = 3
+    min_n: int = 1
+    max_tokens: int = 16
+    capacity: int = 1 << 16
+
+    def __post_init__(self):
+        if not 1 <= self.min_n <= self.max_n <= MAX_N:
+            raise ValueError(f"PromptLookup needs 1 <= min_n <= max_n <= {MAX_N}, got min_n={self.min_n}, max_n={self.max_n}")
+        if self.max_tokens < 1:
+            raise ValueError(f"PromptLookup.max_tokens must be positive, got {self.max_tokens}")
+
+
+class LookupLM:
+    """The cache of a :class:`PromptLookup` for ``batch`` sequences over a vocabulary of
+    ``vocab_size`` (see the module's docstring). Committed tokens (those below the lengths that
+    ``keep`` keeps) are indexed; drafted ones are held until ``keep`` drops or commits them."""
+
+    def __init__(self, draft: PromptLookup, vocab_size: int, batch: int = 1, max_length: int | None = None,
+                 device: torch.device | str = "cpu"):
+        self.draft, self.vocab_size, self.max_length, self.batch = draft, vocab_size, max_length, batch
+        self.device = torch.device(device)  # where its logits go (the target's); the index stays on the CPU
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every sequence."""
+        self.index = LookupIndex(self.batch, self.draft.capacity, self.draft.max_n)
+        self.plan = torch.full((self.batch, self.draft.max_tokens), -1, dtype=torch.int64)
+        self.proposal_lengths = torch.zeros(self.batch, dtype=torch.int64)
+        self.step = None  # the plan's token the next extend answers with; -1: commit and propose first; None: no round
+
+    @property
+    def lengths(self) -> Tensor:
+        """[B] int64: tokens of each row held (committed and drafted)."""
+        return self.index.lengths.clone()
+
+    @property
+    def cache_length(self) -> int:
+        return int(self.index.lengths[0])
+
+    def begin_round(self) -> None:
+        """The next :meth:`extend` feeds committed tokens only (a round's first): index them and
+        propose from the sequence they end."""
+        self.step = -1
+
+    def extend(self, tokens: Tensor, fed: Tensor, num_logits: int) -> Tensor:
+        """Append each row's fed tokens (``tokens`` [B, n], ``fed`` [B, n] bool); returns logits
+        [B, num_logits, V]: the last column a point mass on the row's next proposed token (the
+        first extend of a round, after :meth:`begin_round`, commits and proposes; later ones step
+        through the proposal), the other columns zeros (a lookup has no distribution there)."""
+        tokens, fed = tokens.cpu(), fed.cpu()
+        for b in range(tokens.shape[0]):
+            self.index.append(b, tokens[b][fed[b]].tolist())
+        if self.step == -1:
+            self.index.commit()
+            self.plan, self.proposal_lengths, _ = self.index.propose(self.draft.max_tokens, self.draft.min_n)
+            self.step = 0
+        wanted = self.plan[:, min(self.step or 0, self.plan.shape[1] - 1)]
+        self.step = None if self.step is None else self.step + 1
+        logits = torch.zeros(tokens.shape[0], num_logits, self.vocab_size)  # built on the CPU, moved once
+        last = logits[:, -1]
+        last.fill_(float("-inf"))
+        last[torch.arange(len(wanted)), wanted.clamp(min=0)] = 0.0  # rows past their proposal: token 0, never verified
+        return logits.to(self.device)
+
+    def keep(self, lengths: Tensor) -> None:
+        """Keep the first ``lengths[b]`` tokens of row b (the drafts past them are dropped; the kept
+        ones are committed and the next round's first extend indexes them)."""
+        self.index.truncate(lengths)
+        self.step, self.proposal_lengths = None, torch.zeros_like(self.proposal_lengths)
+
+    def select(self, rows: Tensor) -> None:
+        """Keep only ``rows`` ([B'] int64 indices) of the batch."""
+        rows = rows.cpu()
+        self.index.select(rows)
+        self.plan, self.proposal_lengths, self.batch = self.plan[rows], self.proposal_lengths[rows], len(rows)
