@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TextStreamer
 from ..decoding import fast_generate, generate_autoregressive, warmup
 from ..decoding.requests import chat_prompt_ids
 from ..drafts.feature import load_feature_draft
+from ..drafts.hybrid import Hybrid
 from ..drafts.lookup import PromptLookup
 from ..drafts.shipped import DRAFT_KINDS, load_pair
 from ..drafts.small import early_exit_draft, load_small_draft, read_draft_file
@@ -41,7 +42,7 @@ def check(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"{flag} {path}: no such file or folder")
     if args.target is not None and not (Path(args.target) / "config.json").is_file():
         parser.error(f"--target {args.target} is not a transformers checkpoint folder (no config.json)")
-    if args.draft in DRAFT_KINDS and args.target is not None:
+    if args.draft in (*DRAFT_KINDS, "hybrid") and args.target is not None:
         parser.error(f"--draft {args.draft} is a draft shipped for SmolLM2; for your --target use --draft-model "
                      "(a transformers checkpoint with the same vocabulary) or --draft early-exit --draft-layers N")
     if args.draft == "early-exit" and not args.draft_layers:
@@ -56,6 +57,9 @@ def check(parser: argparse.ArgumentParser, args) -> None:
 def _load_pair(args):
     """The target, draft and tokenizer the flags ask for (default: SmolLM2 with its shipped feature
     draft), with fast passes on both models."""
+    if args.draft == "hybrid":
+        target, feature, tokenizer = load_pair("feature", models=True)
+        return target, Hybrid(feature, PromptLookup(max_tokens=LOOKUP_TOKENS)), tokenizer
     if args.target is None and args.draft_model is None and args.draft not in ("early-exit", "lookup"):
         return load_pair(args.draft or DRAFT_KINDS[0], models=True)
     if args.target is not None:
@@ -82,6 +86,8 @@ def _policy(args, draft):
         return FixedDraftLength(args.num_draft_tokens)
     if args.draft == "lookup":
         return FixedDraftLength(LOOKUP_TOKENS)
+    if args.draft == "hybrid":  # the feature draft's rounds follow its policy; looked-up rounds take what they find
+        return default_policy(args.verifier, draft=draft.model)
     if args.target is None and args.draft_model is None and args.draft != "early-exit":
         return default_policy(args.verifier, draft=draft)
     return FixedDraftLength(4)
@@ -118,9 +124,10 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--prompt", required=True, help="the user's message (wrapped in the chat template unless --no-chat)")
     gen.add_argument("--target", help="a transformers checkpoint folder of your own (default: SmolLM2-135M-Instruct); "
                      "it needs --draft-model or --draft early-exit")
-    gen.add_argument("--draft", choices=[*DRAFT_KINDS, "early-exit", "lookup"],
-                     help="feature / token: the drafts shipped for SmolLM2 (default: feature); early-exit: the "
-                          "target's first --draft-layers layers; lookup: copy from the context (prompt lookup, "
+    gen.add_argument("--draft", choices=[*DRAFT_KINDS, "hybrid", "early-exit", "lookup"],
+                     help="feature / token: the drafts shipped for SmolLM2 (default: feature); hybrid: prompt lookup "
+                          "where the context offers a match of 2+ tokens, else the shipped feature draft; early-exit: "
+                          "the target's first --draft-layers layers; lookup: copy from the context (prompt lookup, "
                           f"up to {LOOKUP_TOKENS} tokens a round unless -k); the last two for any target")
     gen.add_argument("--draft-model", help="a draft of your own: a transformers checkpoint folder with the target's "
                      "vocabulary, or a .safetensors file written by train-draft (SmolLM2)")

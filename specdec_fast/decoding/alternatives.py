@@ -97,7 +97,7 @@ def check_alternatives(count: int, verifier: str, target_lm, draft_lm=None) -> N
     if count and not hasattr(target_lm, "extend_siblings"):
         raise ValueError(f"first-token alternatives need a target with extend_siblings and keep_sibling; "
                          f"{type(target_lm).__name__} has neither")
-    if count and hasattr(draft_lm, "proposal_lengths"):
+    if count and hasattr(draft_lm, "plan_lengths"):
         raise ValueError("first-token alternatives need a draft with a distribution; a lookup draft proposes one token")
 
 

@@ -99,22 +99,25 @@ def padded(rows: list[Tensor], width: int) -> Tensor:
 
 def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], uniforms: list[Tensor],
                 sampling: SamplingParams, eos: set[int], policy: DraftPolicy | None = None) -> Drafts:
-    """Draft up to lens[b] tokens for row b with uniforms[b] [lens[b]]. A row stops at EOS; with
+    """Draft up to lens[b] tokens for row b with uniforms[b] [>= lens[b]]. A row stops at EOS; with
     ``policy`` (one sequence only) the policy may decline to verify the first token (withheld:
-    lens becomes 0) or stop after any token. Stops when every row has stopped."""
-    lens, width = list(lens), max(lens, default=0)
+    lens becomes 0) or stop after any token. Stops when every row has stopped.
+
+    A lookup draft (``plan_lengths``) sets each row's length once it has looked: at most what it
+    found, and for the rows a hybrid looks up for, up to len(uniforms[b]) whatever lens says."""
+    budgets = [len(u) for u in uniforms]
+    lens, width = list(lens), max(budgets, default=0)
     tokens, probs, first_logits, passes, withheld = [], [], None, 0, False
     u = padded(uniforms, width)
-    if width:
+    if max(lens, default=0):
         seen = draft.lengths.tolist()
         if hasattr(draft, "begin_round"):  # a lookup draft: what it is fed now is committed
             draft.begin_round()
         logits = draft.extend(*right_aligned([s.ids[m:] for s, m in zip(seqs, seen)]), 1)[:, -1]
         first_logits, passes = logits, 1
-        offered = getattr(draft, "proposal_lengths", None)  # a lookup draft offers what it found
-        if offered is not None:
-            lens = [min(n, int(a)) for n, a in zip(lens, offered)]
-            width = max(lens)
+        if hasattr(draft, "plan_lengths"):
+            lens = draft.plan_lengths(lens, budgets)
+    width = max(lens, default=0)
     for i in range(width):
         step = draft_step(logits, sampling=sampling, uniforms=u[:, i].to(logits.device))
         if policy is not None and i == 0 and not policy.propose_first(step, float(sampling.temperature)):
@@ -205,7 +208,8 @@ def speculative_round(target: BatchedCachedLM, draft: BatchedCachedLM | None, se
     (one sequence). Adds the round's counts and seconds to each sequence's stats."""
     start = time.perf_counter()
     lens = [min(k, s.remaining - 1) if draft is not None else 0 for s in seqs]
-    u_draft, u_verify = round_uniforms(seqs, lens)
+    lookup = getattr(draft, "lookup_tokens", 0)  # a hybrid's looked-up rows may draft more than k
+    u_draft, u_verify = round_uniforms(seqs, [max(n, min(lookup, s.remaining - 1)) for n, s in zip(lens, seqs)])
     drafts = draft_chain(draft, seqs, lens, u_draft, sampling, eos, policy)
 
     target_start = time.perf_counter()

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..models.batched_lm import BatchedCachedLM, BatchedLM
+from ..models.batched_lm import BatchedCachedLM, BatchedLM, OneSequence
 from ..models.cached_lm import CachedLM, as_cached_lm
 from ..models.lean import BatchedLeanLM, cached_lm, lean_precision
 from .feature import FeatureDraft
 from .feature_lm import BatchedFeatureDraft, BatchedFeatureTarget, FeatureDraftLM, feature_pair
+from .hybrid import Hybrid, HybridLM
 from .lookup import LookupLM, PromptLookup
 
 
@@ -23,6 +24,8 @@ def draft_kind(draft) -> str:
     "token" for any other draft."""
     if isinstance(draft, (PromptLookup, LookupLM)):
         return "lookup"
+    if isinstance(draft, (Hybrid, HybridLM)):
+        return "hybrid"
     return "feature" if isinstance(draft, (FeatureDraft, FeatureDraftLM, BatchedFeatureDraft)) else "token"
 
 
@@ -45,7 +48,11 @@ def cached_pair(target, draft, lean: str = "auto") -> tuple[CachedLM, CachedLM]:
     makes it (the lean path unless ``lean`` says otherwise), the draft as :func:`as_cached_lm` does;
     for a :class:`FeatureDraft` draft, the bound pair of :func:`feature_pair`. Checked with
     :func:`check_pair`."""
-    if isinstance(draft, FeatureDraft):
+    if isinstance(draft, Hybrid):
+        target_lm, model_lm = cached_pair(target, draft.model, lean)
+        target_lm, lookup_lm = lookup_pair(target_lm, draft.lookup, 1)
+        pair = target_lm, HybridLM(OneSequence(model_lm), lookup_lm, draft.min_match)
+    elif isinstance(draft, FeatureDraft):
         pair = feature_pair(target, draft, lean)
     elif isinstance(draft, PromptLookup):
         pair = lookup_pair(cached_lm(target, lean), draft, 1)
@@ -61,6 +68,10 @@ def batched_pair(target: nn.Module, draft: nn.Module | None, batch: int,
     :func:`~specdec_fast.models.lean.lean_precision` allows, else :class:`BatchedLM`) and ``draft``
     (a transformers causal LM, a :class:`FeatureDraft` of this target, or None for no draft).
     Checked with :func:`check_pair`."""
+    if isinstance(draft, Hybrid):
+        target_lm, model_lm = batched_pair(target, draft.model, batch, lean)
+        target_lm, lookup_lm = lookup_pair(target_lm, draft.lookup, batch)
+        return target_lm, HybridLM(model_lm, lookup_lm, draft.min_match)
     precision = lean_precision(target, lean)
     if precision:
         target_lm = BatchedLeanLM(target, batch, precision)

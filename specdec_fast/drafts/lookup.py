@@ -61,6 +61,7 @@ class LookupLM:
         self.index = LookupIndex(self.batch, self.draft.capacity, self.draft.max_n)
         self.plan = torch.full((self.batch, self.draft.max_tokens), -1, dtype=torch.int64)
         self.proposal_lengths = torch.zeros(self.batch, dtype=torch.int64)
+        self.matched = torch.zeros(self.batch, dtype=torch.int64)  # the suffix length each proposal continues
         self.step = None  # the plan's token the next extend answers with; -1: commit and propose first; None: no round
 
     @property
@@ -71,6 +72,10 @@ class LookupLM:
     @property
     def cache_length(self) -> int:
         return int(self.index.lengths[0])
+
+    def plan_lengths(self, lens: list[int], budgets: list[int]) -> list[int]:
+        """The round's draft lengths once the lookup has looked: at most what each row found."""
+        return [min(n, int(a)) for n, a in zip(lens, self.proposal_lengths)]
 
     def begin_round(self) -> None:
         """The next :meth:`extend` feeds committed tokens only (a round's first): index them and
@@ -87,7 +92,7 @@ class LookupLM:
             self.index.append(b, tokens[b][fed[b]].tolist())
         if self.step == -1:
             self.index.commit()
-            self.plan, self.proposal_lengths, _ = self.index.propose(self.draft.max_tokens, self.draft.min_n)
+            self.plan, self.proposal_lengths, self.matched = self.index.propose(self.draft.max_tokens, self.draft.min_n)
             self.step = 0
         wanted = self.plan[:, min(self.step or 0, self.plan.shape[1] - 1)]
         self.step = None if self.step is None else self.step + 1
@@ -107,4 +112,5 @@ class LookupLM:
         """Keep only ``rows`` ([B'] int64 indices) of the batch."""
         rows = rows.cpu()
         self.index.select(rows)
-        self.plan, self.proposal_lengths, self.batch = self.plan[rows], self.proposal_lengths[rows], len(rows)
+        self.plan, self.proposal_lengths, self.matched = self.plan[rows], self.proposal_lengths[rows], self.matched[rows]
+        self.batch = len(rows)

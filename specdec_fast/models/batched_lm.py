@@ -118,6 +118,9 @@ class OneSequence:
     def select(self, rows: Tensor) -> None:
         """Nothing to do: the one row either stays or finishes the generation."""
 
+    def reset(self) -> None:
+        self.lm.reset()
+
 
 def right_aligned(seqs: list[list[int]]) -> tuple[Tensor, Tensor]:
     """Rows of different lengths as tokens [B, width] int64 and fed [B, width] bool, holes on the left."""

@@ -1,0 +1,101 @@
+"""The hybrid draft: prompt lookup where the context offers a long enough match, a draft model
+elsewhere, chosen each round and for each sequence.
+
+``Hybrid(model, PromptLookup(), min_match=2)`` looks up when the longest earlier-seen suffix of
+the sequence is at least ``min_match`` tokens long and drafts with ``model`` (a transformers
+causal LM or a :class:`~specdec_fast.drafts.feature.FeatureDraft`) otherwise. The choice reads
+the committed context only, never the target's output of the round, so the output law is the
+target's whatever it chooses (tested with the exact joint). :class:`HybridLM` is its cache:
+the lookup sees every token; the model is fed only in the rounds it drafts, catching up on the
+tokens committed since (its cache lags while the lookup drafts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..models.batched_lm import BatchedCachedLM, right_aligned
+from .lookup import LookupLM, PromptLookup
+
+
+@dataclass(frozen=True, eq=False)
+class Hybrid:
+    """Look up when the context offers a suffix match of at least ``min_match`` tokens, else draft
+    with ``model``."""
+
+    model: nn.Module
+    lookup: PromptLookup = field(default_factory=PromptLookup)
+    min_match: int = 2
+
+    def __post_init__(self):
+        if self.min_match < 1:
+            raise ValueError(f"Hybrid.min_match must be positive, got {self.min_match}")
+
+
+class HybridLM:
+    """:class:`~specdec_fast.models.batched_lm.BatchedCachedLM` over a model draft's cache and a
+    :class:`LookupLM`; ``looked_up`` [B] bool says which source each row drafts from this round: a
+    looked-up row drafts what the lookup found (up to ``lookup.max_tokens``), a model row the round's
+    length."""
+
+    def __init__(self, model: BatchedCachedLM, lookup: LookupLM, min_match: int):
+        self.model, self.lookup, self.min_match = model, lookup, min_match
+        self.vocab_size, self.max_length = model.vocab_size, model.max_length
+        self.device = getattr(model, "device", None) or lookup.device
+        self.looked_up = torch.zeros(lookup.batch, dtype=torch.bool)
+        self.first = False
+
+    @property
+    def lengths(self) -> Tensor:
+        """[B] int64: tokens of each row seen (the lookup sees them all)."""
+        return self.lookup.lengths
+
+    @property
+    def lookup_tokens(self) -> int:
+        """The most tokens a looked-up row drafts in a round (the round draws uniforms for them)."""
+        return self.lookup.draft.max_tokens
+
+    def plan_lengths(self, lens: list[int], budgets: list[int]) -> list[int]:
+        """A looked-up row drafts what it found (up to its budget), a model row ``lens[b]``."""
+        return [min(int(a), cap) if used else n
+                for n, cap, a, used in zip(lens, budgets, self.lookup.proposal_lengths, self.looked_up.tolist())]
+
+    def begin_round(self) -> None:
+        self.lookup.begin_round()
+        self.first = True
+
+    def reset(self) -> None:
+        self.lookup.reset()
+        self.model.reset()
+
+    def extend(self, tokens: Tensor, fed: Tensor, num_logits: int) -> Tensor:
+        """Feed both sources as their rows need (see the module's docstring); returns logits
+        [B, num_logits, V], each row's from the source it drafts from."""
+        looked = self.lookup.extend(tokens, fed, num_logits)
+        if self.first:
+            self.first = False
+            self.looked_up = (self.lookup.matched >= self.min_match) & (self.lookup.proposal_lengths > 0)
+            history = self.lookup.index.tokens
+            seen, total = self.model.lengths.tolist(), self.lookup.lengths.tolist()
+            tokens, fed = right_aligned([[] if used else history[b, seen[b]: total[b]].tolist()
+                                         for b, used in enumerate(self.looked_up.tolist())])
+            num_logits = 1
+        else:
+            fed = fed.cpu() & ~self.looked_up[:, None]
+        if bool(self.looked_up.all()):
+            return looked
+        modelled = self.model.extend(tokens, fed, num_logits)
+        return torch.where(self.looked_up.to(modelled.device)[:, None, None], looked[:, -num_logits:].to(modelled.device),
+                           modelled)
+
+    def keep(self, lengths: Tensor) -> None:
+        self.lookup.keep(lengths)
+        self.model.keep(torch.minimum(self.model.lengths.to(lengths.device), lengths))
+
+    def select(self, rows: Tensor) -> None:
+        self.lookup.select(rows)
+        self.model.select(rows)
+        self.looked_up = self.looked_up[rows.cpu()]

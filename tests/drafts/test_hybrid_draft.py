@@ -1,0 +1,68 @@
+"""The hybrid draft (specdec_fast/drafts/hybrid.py): lossless with both sources in play (the exact
+joint of the first tokens), greedy equal to the target's greedy decoding with a token or feature
+model inside, and the per-row choice of source."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specdec_fast import batch_generate, fast_generate, generate_autoregressive
+from specdec_fast.drafts.binding import batched_pair
+from specdec_fast.drafts.hybrid import Hybrid
+from specdec_fast.drafts.lookup import PromptLookup
+from specdec_fast.models.batched_lm import right_aligned
+
+from helpers.distribution import chi_square, sequence_counts
+from helpers.models import NO_EOS, batched_samples, exact_joint, feature_draft, tiny_llama
+
+REPEATING = [3, 1, 4, 1, 5, 1, 4]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 6, 0.9)])
+def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p):
+    """5,000 generations of 3 tokens through batch_generate, looking up where the context offers a
+    2-token match and drafting with the model elsewhere: the joint is the target's."""
+    target, draft = tiny_pair
+    hybrid = Hybrid(draft, PromptLookup(max_tokens=3), min_match=2)
+    seqs = batched_samples(target, hybrid, REPEATING, 3, 5000, temperature=temperature, top_k=top_k, top_p=top_p,
+                           num_draft_tokens=2)
+    stat, threshold, df = chi_square(sequence_counts(seqs, 8), exact_joint(target, REPEATING, 3, temperature, top_k, top_p))
+    assert stat < threshold, f"chi2 {stat:.1f} > {threshold:.1f} (df {df})"
+
+
+def test_each_row_chooses_its_source(tiny_pair):
+    """A row whose context repeats a 2-token suffix looks up; a row without one drafts with the model
+    (whose cache then catches up on the whole sequence)."""
+    target, draft = tiny_pair
+    _, lm = batched_pair(target, Hybrid(draft, min_match=2), 2)
+    rows = [REPEATING + [1], [5, 6, 7]]
+    lm.extend(*right_aligned([r[:-1] for r in rows]), 1)  # the prefill
+    lm.begin_round()
+    lm.extend(*right_aligned([r[-1:] for r in rows]), 1)
+    assert lm.looked_up.tolist() == [True, False]
+    assert lm.model.lengths.tolist() == [len(rows[0]) - 1, len(rows[1])]  # the looked-up row's model cache lags
+    assert lm.plan_lengths([1, 1], [3, 3]) == [min(3, int(lm.lookup.proposal_lengths[0])), 1]
+
+
+@pytest.mark.parametrize("kind", ["token", "feature"])
+@pytest.mark.parametrize("min_match", [1, 3])
+def test_greedy_equals_target_greedy(kind, min_match):
+    target = tiny_llama(10, vocab=16, context=128)
+    model = tiny_llama(11, vocab=16, layers=1, context=128) if kind == "token" else feature_draft(target)
+    prompts = [[1, 2, 3, 4, 1, 2, 3, 4, 5, 1, 2], [5], [2, 7, 1, 0, 3, 2, 7, 1]]
+    expected = [generate_autoregressive(target, p, max_new_tokens=30, temperature=0.0, eos_token_id=NO_EOS).tokens
+                for p in prompts]
+    for prompt, tokens in zip(prompts, expected):
+        out = fast_generate(target, Hybrid(model, min_match=min_match), prompt, max_new_tokens=30, temperature=0.0,
+                            num_draft_tokens=3, eos_token_id=NO_EOS)
+        assert out.tokens == tokens
+    batch = batch_generate(target, Hybrid(model, min_match=min_match), input_ids=prompts, max_new_tokens=30,
+                           temperature=0.0, num_draft_tokens=3, eos_token_id=NO_EOS)
+    assert [o.tokens for o in batch.outputs] == expected
+
+
+def test_bad_min_match():
+    with pytest.raises(ValueError, match="min_match must be positive"):
+        Hybrid(torch.nn.Identity(), min_match=0)
