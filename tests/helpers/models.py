@@ -3,6 +3,7 @@ first tokens, enumerated, and a feature draft that disagrees with its target."""
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import torch
@@ -11,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from specdec_fast.decoding import batch_generate
 from specdec_fast.drafts.feature import FeatureDraft
 from specdec_fast.kernels import warp_logits
+from specdec_fast.kernels.linear import quantize_int8
 
 PROMPT = [3, 1, 4, 1]
 NO_EOS = ()
@@ -25,6 +27,23 @@ def tiny_llama(seed: int, vocab: int = 8, layers: int = 2, hidden: int = 32, ini
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
+
+
+def with_weights_read_as(model, precision: str):
+    """A copy of ``model`` whose linear weights are those the lean path reads at ``precision`` ("fp32",
+    "bf16" or "int8"), in fp32; each a parameter of its own (a tied head is untied from the
+    embeddings, which the lean path reads in fp32)."""
+    twin = copy.deepcopy(model)
+    for module in twin.modules():
+        if isinstance(module, torch.nn.Linear):
+            w = module.weight.detach()
+            if precision == "bf16":
+                w = w.bfloat16().float()
+            elif precision == "int8":
+                q, scale = quantize_int8(w)
+                w = q.float() * scale[:, None]
+            module.weight = torch.nn.Parameter(w, requires_grad=False)
+    return twin
 
 
 def exact_joint(model, prompt, n_tokens, temperature, top_k, top_p) -> torch.Tensor:

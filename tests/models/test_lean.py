@@ -13,12 +13,11 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from specdec_fast.kernels.decoder import decoder_pass
-from specdec_fast.kernels.linear import quantize_int8
 from specdec_fast.models.batched_lm import BatchedLM, right_aligned
 from specdec_fast.models.cached_lm import HFCachedLM
 from specdec_fast.models.lean import BatchedLeanLM, LeanLM, LeanPass, cached_lm, lean_precision, lean_unsupported
 
-from helpers.models import tiny_llama
+from helpers.models import tiny_llama, with_weights_read_as
 
 VOCAB = 96
 
@@ -26,21 +25,6 @@ VOCAB = 96
 @pytest.fixture(scope="module")
 def model():
     return tiny_llama(7, vocab=VOCAB, layers=3, hidden=64, context=1024)
-
-
-def rounded(model, precision: str):
-    """A copy of ``model`` whose linear weights are what the lean path reads at ``precision``."""
-    twin = copy.deepcopy(model)
-    for module in twin.modules():
-        if isinstance(module, torch.nn.Linear):
-            w = module.weight.detach()
-            if precision == "bf16":
-                w = w.bfloat16().float()
-            elif precision == "int8":
-                q, scale = quantize_int8(w)
-                w = q.float() * scale[:, None]
-            module.weight = torch.nn.Parameter(w, requires_grad=False)  # untied: the lean path reads fp32 embeddings
-    return twin
 
 
 def ids(n: int, seed: int = 0) -> torch.Tensor:
@@ -73,7 +57,7 @@ def test_cpu_kernel_matches_the_reference(model, precision):
 def test_lean_logits_match_transformers(model, precision, prompt):
     """Passes of 1, 2, 5 and 9 tokens after a prompt: the logits of transformers' eager forward of
     the model with the weights the lean path reads, within 1e-4 (fp32 rounding)."""
-    reference, lean = HFCachedLM(rounded(model, precision)), LeanLM(model, precision)
+    reference, lean = HFCachedLM(with_weights_read_as(model, precision)), LeanLM(model, precision)
     torch.testing.assert_close(lean.extend(ids(prompt), prompt), reference.extend(ids(prompt), prompt), rtol=0, atol=1e-4)
     for n in (1, 2, 5, 9):
         tokens = ids(n, seed=n)
