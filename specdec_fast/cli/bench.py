@@ -8,8 +8,9 @@ from pathlib import Path
 
 import torch
 
-from ..bench import alternatives, batch, drafts, e2e, linear, microbench, passes, policies, quant, soak
+from ..bench import alternatives, batch, drafts, e2e, linear, microbench, passes, policies, quant, soak, workload
 from ..bench import warmup as warmup_bench
+from ..data.workload import CATEGORIES
 from ..drafts.shipped import DRAFT_KINDS
 
 
@@ -19,6 +20,11 @@ def _out(args, name: str) -> Path:
 
 
 def _bench(args) -> int:
+    if args.workload:
+        data = workload.run(args.categories, args.prompts or 4, args.temperatures, args.max_new_tokens, args.repeats,
+                            _out(args, "workload"))
+        print(workload.table(data))
+        return 0
     data = e2e.run(args.prompts, args.lengths, args.feature_lengths, args.temperatures, args.max_new_tokens,
                    out=_out(args, "e2e"), alternatives=tuple(args.alternatives))
     print(e2e.table(data["summary"], data["costs"]))
@@ -87,7 +93,14 @@ def add_parsers(commands, common: argparse.ArgumentParser) -> None:
     results.add_argument("--out", default="results", help="folder for the JSON, markdown and PNG results (made if missing)")
     results.add_argument("--out-name", default=None, help="file name of the results, without suffix (default: the benchmark's)")
     bench = commands.add_parser("bench", parents=[results], help="end-to-end benchmark on the held-out prompts (benchmarks/e2e.py)")
-    bench.add_argument("--prompts", type=int, default=None, help="an evenly spaced subset of N held-out prompts (default: all 34)")
+    bench.add_argument("--prompts", type=int, default=None,
+                       help="an evenly spaced subset of N held-out prompts (default: all 34; --workload: the first 4 per category)")
+    bench.add_argument("--workload", action="store_true",
+                       help="the workload benchmark instead: by prompt category, transformers' engines beside ours, with "
+                            "prompt lookup and the hybrid (specdec_fast/bench/workload.py)")
+    bench.add_argument("--categories", nargs="+", choices=CATEGORIES, default=list(CATEGORIES),
+                       help="--workload: prompt categories")
+    bench.add_argument("--repeats", type=int, default=1, help="--workload: repeats of every cell (medians reported)")
     bench.add_argument("--lengths", type=int, nargs="+", default=list(range(1, 9)), help="token-draft lengths")
     bench.add_argument("--feature-lengths", type=int, nargs="+", default=list(range(1, 9)), help="feature-draft lengths")
     bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="sampling temperatures (0 = greedy)")

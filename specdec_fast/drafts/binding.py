@@ -21,11 +21,11 @@ from .lookup import LookupLM, PromptLookup
 
 def draft_kind(draft) -> str:
     """"feature" for a feature draft (the module or its caches), "lookup" for prompt lookup,
-    "token" for any other draft."""
+    "token" for any other draft; a hybrid is the kind of its model (the rounds a policy decides)."""
     if isinstance(draft, (PromptLookup, LookupLM)):
         return "lookup"
     if isinstance(draft, (Hybrid, HybridLM)):
-        return "hybrid"
+        return draft_kind(getattr(draft.model, "lm", draft.model))  # a cache of one sequence wraps its model's
     return "feature" if isinstance(draft, (FeatureDraft, FeatureDraftLM, BatchedFeatureDraft)) else "token"
 
 

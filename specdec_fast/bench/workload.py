@@ -1,0 +1,130 @@
+"""The workload benchmark (``specdec-fast bench --workload``): by prompt category (open chat,
+grounded, multi-turn; held-out prompts of :mod:`specdec_fast.data.workload`) and temperature,
+side by side in one run: transformers' ``generate``, its prompt lookup and its assisted
+generation with our token draft, then our autoregressive loop (twice: an A/A control), the
+feature draft with its shipped policy, prompt lookup and the hybrid. Each prompt runs every
+engine once per repeat, in a shuffled order; medians over prompts of tokens/s and of target
+passes per token (ours; transformers does not report its passes).
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ..data.workload import CATEGORIES, workload_prompts
+from ..decoding import fast_generate, generate_autoregressive
+from ..decoding.requests import chat_ids
+from ..drafts.hybrid import Hybrid
+from ..drafts.lookup import PromptLookup
+from ..drafts.shipped import default_draft, default_feature_draft
+from ..models.fast_passes import use_fast_passes
+from ..models.smollm2 import load_smollm2
+from ..policies.baselines import FixedDraftLength
+from ..policies.shipped import default_policy
+from .common import machine, markdown_table, pyplot, save_figure, write_results
+
+LOOKUP_TOKENS = 8
+OURS = ("autoregressive", "autoregressive (A/A)", "feature draft", "prompt lookup", "hybrid")
+
+
+def _engines(max_new_tokens: int) -> dict:
+    """(name -> run(ids, temperature) -> (new tokens, target passes or None), the tokenizer), on
+    SmolLM2-135M-Instruct."""
+    plain, _ = load_smollm2()  # transformers' own modules, for transformers' engines
+    target, tokenizer = load_smollm2()
+    use_fast_passes(target)
+    token, feature = default_draft(plain), default_feature_draft(target)
+    hybrid = Hybrid(feature, PromptLookup(max_tokens=LOOKUP_TOKENS))
+
+    def hf(**extra):
+        def run(ids, temperature):
+            x = torch.tensor([ids])
+            sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+            out = plain.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, **sampling, **extra)
+            return out.shape[1] - len(ids), None
+        return run
+
+    def ours(draft, policy=None):
+        def run(ids, temperature):
+            settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0)
+            out = (generate_autoregressive(target, ids, **settings) if draft is None
+                   else fast_generate(target, draft, ids, policy=policy() if policy else None, **settings))
+            return len(out.tokens), out.stats.target_calls
+        return run
+
+    return {
+        "transformers generate": hf(),
+        "transformers prompt lookup": hf(prompt_lookup_num_tokens=10),
+        "transformers assisted (token draft)": hf(assistant_model=token),
+        "autoregressive": ours(None),
+        "autoregressive (A/A)": ours(None),
+        "feature draft": ours(feature, lambda: default_policy(draft=feature)),
+        "prompt lookup": ours(PromptLookup(max_tokens=LOOKUP_TOKENS), lambda: FixedDraftLength(LOOKUP_TOKENS)),
+        "hybrid": ours(hybrid, lambda: default_policy(draft=feature)),
+    }, tokenizer
+
+
+def run(categories: list[str], prompts: int, temperatures: list[float], max_new_tokens: int, repeats: int,
+        out: Path = Path("results/workload")) -> dict:
+    engines, tokenizer = _engines(max_new_tokens)
+    chats = {c: [chat_ids(tokenizer, chat) for chat in workload_prompts(c)[:prompts]] for c in categories}
+    cells = [(c, i, t, e) for c in categories for i in range(len(chats[c])) for t in temperatures for e in engines]
+    samples = {cell: [] for cell in cells}
+    order = random.Random(0)
+    for _ in range(repeats):
+        order.shuffle(cells)
+        for c, i, t, e in cells:
+            start = time.perf_counter()
+            tokens, passes = engines[e](chats[c][i], t)
+            samples[c, i, t, e].append((tokens / (time.perf_counter() - start), passes / tokens if passes else None))
+    rows = []
+    for c in categories:
+        for t in temperatures:
+            for e in engines:
+                rates = [statistics.median(s[0] for s in samples[c, i, t, e]) for i in range(len(chats[c]))]
+                passes = [statistics.median(s[1] for s in samples[c, i, t, e]) for i in range(len(chats[c]))
+                          if samples[c, i, t, e][0][1] is not None]
+                rows.append(dict(category=c, temperature=t, engine=e, tokens_per_s=statistics.median(rates),
+                                 passes_per_token=statistics.median(passes) if passes else None))
+    for r in rows:
+        base = next(x for x in rows if (x["category"], x["temperature"], x["engine"]) == (r["category"], r["temperature"], "autoregressive"))
+        r["vs_autoregressive"] = r["tokens_per_s"] / base["tokens_per_s"]
+    data = dict(machine=machine(), settings=dict(categories=categories, prompts=prompts, temperatures=temperatures,
+                                                 max_new_tokens=max_new_tokens, repeats=repeats,
+                                                 prompt_counts={c: len(chats[c]) for c in categories}), rows=rows)
+    write_results(out, data, table(data))
+    plot(data, out.with_suffix(".png"))
+    return data
+
+
+def table(data: dict) -> str:
+    s = data["settings"]
+    head = (f"Held-out prompts per category: {s['prompt_counts']}; {s['max_new_tokens']} new tokens; medians over prompts "
+            f"of {s['repeats']} repeat(s). Our engines run the target on the lean fp32 path.\n\n")
+    return head + markdown_table(
+        ["category", "T", "engine", "tokens/s", "x our autoregressive", "target passes / token"],
+        [[r["category"], r["temperature"], r["engine"], r["tokens_per_s"], r["vs_autoregressive"],
+          r["passes_per_token"] if r["passes_per_token"] is not None else "-"] for r in data["rows"]])
+
+
+def plot(data: dict, path: Path) -> None:
+    plt = pyplot()
+    groups = sorted({(r["category"], r["temperature"]) for r in data["rows"]}, key=lambda g: (CATEGORIES.index(g[0]), g[1]))
+    engines = list(dict.fromkeys(r["engine"] for r in data["rows"]))
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(engines)
+    for j, e in enumerate(engines):
+        values = [next(r["vs_autoregressive"] for r in data["rows"] if (r["category"], r["temperature"], r["engine"]) == (*g, e))
+                  for g in groups]
+        ax.bar([i + j * width for i in range(len(groups))], values, width, label=e)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))], [f"{c}\nT = {t:g}" for c, t in groups])
+    ax.set_ylabel("tokens/s / our autoregressive loop")
+    ax.set_title("Workload benchmark, SmolLM2-135M-Instruct, held-out prompts")
+    ax.legend(fontsize=7, ncol=2)
+    save_figure(fig, path)

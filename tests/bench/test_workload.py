@@ -1,0 +1,46 @@
+"""The workload benchmark's prompt sets (held-out and tuning halves, disjoint and stable) and the
+benchmark itself, end to end on one prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec_fast.cli import main
+from specdec_fast.data.workload import CATEGORIES, workload_prompts
+
+
+@pytest.mark.parametrize("category", CATEGORIES)
+def test_the_halves_are_disjoint_stable_and_end_with_a_user_turn(category):
+    held, tuning = workload_prompts(category), workload_prompts(category, "tuning")
+    assert len(held) >= 20 and len(tuning) >= 15
+    assert not {json.dumps(c) for c in held} & {json.dumps(c) for c in tuning}
+    assert workload_prompts(category) == held
+    assert all(chat[-1]["role"] == "user" for chat in held + tuning)
+
+
+def test_grounded_prompts_carry_their_context():
+    chats = workload_prompts("grounded")
+    assert any("```python" in c[-1]["content"] for c in chats) and all(len(c[-1]["content"]) > 200 for c in chats)
+    assert all(c[1]["role"] == "assistant" and len(c[1]["content"]) >= 300 for c in workload_prompts("multi-turn"))
+
+
+def test_bad_names():
+    with pytest.raises(ValueError, match="category must be one of chat, grounded, multi-turn"):
+        workload_prompts("poetry")
+    with pytest.raises(ValueError, match="split must be"):
+        workload_prompts("chat", "train")
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_every_engine(capsys, tmp_path):
+    status = main(["bench", "--workload", "--categories", "grounded", "--prompts", "1", "--temperatures", "0",
+                   "--max-new-tokens", "8", "--out", str(tmp_path)])
+    assert status == 0
+    data = json.loads((tmp_path / "workload.json").read_text())
+    engines = {r["engine"] for r in data["rows"]}
+    assert len(engines) == 8 and {"hybrid", "prompt lookup", "autoregressive (A/A)", "transformers prompt lookup"} <= engines
+    ours = [r for r in data["rows"] if not r["engine"].startswith("transformers")]
+    assert all(r["passes_per_token"] is not None and 0 < r["passes_per_token"] <= 1 for r in ours)
+    assert {p.name for p in tmp_path.iterdir()} == {"workload.json", "workload.md", "workload.png"}
