@@ -18,13 +18,14 @@ REPEATING = [3, 1, 4, 1, 5, 1, 4]  # "1 4" and "1" recur: the lookup has somethi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 6, 0.9)])
-def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p):
-    """5,000 generations of 3 tokens through batch_generate with a lookup draft of up to 3 tokens:
-    the joint of the three tokens (512 cells) is the target's."""
+@pytest.mark.parametrize("temperature,top_k,top_p,verifier", [(1.0, 0, 1.0, "token"), (0.8, 6, 0.9, "token"),
+                                                              (0.8, 6, 0.9, "block")])
+def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p, verifier):
+    """5,000 generations of 3 tokens through batch_generate with a lookup draft of up to 3 tokens,
+    token-wise and block verification: the joint of the three tokens (512 cells) is the target's."""
     target, _ = tiny_pair
     seqs = batched_samples(target, PromptLookup(), REPEATING, 3, 5000, temperature=temperature, top_k=top_k, top_p=top_p,
-                           num_draft_tokens=3)
+                           num_draft_tokens=3, verifier=verifier)
     stat, threshold, df = chi_square(sequence_counts(seqs, 8), exact_joint(target, REPEATING, 3, temperature, top_k, top_p))
     assert stat < threshold, f"chi2 {stat:.1f} > {threshold:.1f} (df {df})"
 
