@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..kernels import SamplingParams, VerifyOutput, draft_step, verify
+from ..kernels import SamplingParams, VerifyOutput, draft_step, point_mass_step, verify
 from ..kernels.backends import resolve
 from ..kernels.sampling import draw_uniforms
 from ..models.batched_lm import BatchedCachedLM, right_aligned
@@ -119,7 +119,9 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
             lens = draft.plan_lengths(lens, budgets)
     width = max(lens, default=0)
     for i in range(width):
-        step = draft_step(logits, sampling=sampling, uniforms=u[:, i].to(logits.device))
+        masses = getattr(draft, "point_masses", None)  # a lookup's tokens: q is their point mass, no pass over V
+        step = (point_mass_step(masses, logits.shape[-1]) if masses is not None
+                else draft_step(logits, sampling=sampling, uniforms=u[:, i].to(logits.device)))
         if policy is not None and i == 0 and not policy.propose_first(step, float(sampling.temperature)):
             lens[0], withheld = 0, True
             break

@@ -63,6 +63,11 @@ class HybridLM:
         return [min(int(a), cap) if used else n
                 for n, cap, a, used in zip(lens, budgets, self.lookup.proposal_lengths, self.looked_up.tolist())]
 
+    @property
+    def point_masses(self) -> Tensor | None:
+        """[B]: the tokens of the last extend when every row is looked up (point masses), else None."""
+        return self.lookup.point_masses if bool(self.looked_up.all()) else None
+
     def begin_round(self) -> None:
         self.lookup.begin_round()
         self.first = True

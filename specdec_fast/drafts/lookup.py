@@ -63,6 +63,7 @@ class LookupLM:
         self.proposal_lengths = torch.zeros(self.batch, dtype=torch.int64)
         self.matched = torch.zeros(self.batch, dtype=torch.int64)  # the suffix length each proposal continues
         self.step = None  # the plan's token the next extend answers with; -1: commit and propose first; None: no round
+        self.point_masses = None  # [B]: the tokens the last extend's logits are point masses on (the round's draft step)
 
     @property
     def lengths(self) -> Tensor:
@@ -94,12 +95,13 @@ class LookupLM:
             self.index.commit()
             self.plan, self.proposal_lengths, self.matched = self.index.propose(self.draft.max_tokens, self.draft.min_n)
             self.step = 0
-        wanted = self.plan[:, min(self.step or 0, self.plan.shape[1] - 1)]
+        wanted = self.plan[:, min(self.step or 0, self.plan.shape[1] - 1)].clamp(min=0)  # past a proposal: token 0, never verified
         self.step = None if self.step is None else self.step + 1
+        self.point_masses = wanted.to(self.device)
         logits = torch.zeros(tokens.shape[0], num_logits, self.vocab_size)  # built on the CPU, moved once
         last = logits[:, -1]
         last.fill_(float("-inf"))
-        last[torch.arange(len(wanted)), wanted.clamp(min=0)] = 0.0  # rows past their proposal: token 0, never verified
+        last[torch.arange(len(wanted)), wanted] = 0.0
         return logits.to(self.device)
 
     def keep(self, lengths: Tensor) -> None:

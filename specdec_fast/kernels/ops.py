@@ -202,3 +202,15 @@ def draft_step(
 
 
 __all__ = ["verify", "draft_step", "philox_uniforms", "VerifyOutput", "DraftStepOutput", "SamplingParams"]
+
+
+def point_mass_step(tokens: Tensor, vocab: int) -> DraftStepOutput:
+    """The draft step of a draft that proposes fixed tokens (prompt lookup): q is the point mass on
+    each row's token ``tokens`` [B] int64 at every temperature, top-k and top-p, so this is what
+    :func:`draft_step` returns for logits that are -inf everywhere but the token, without a pass
+    over V: probs one-hot [B, V] fp32, q(token) 1, entropy 0, top-1 probability 1."""
+    rows = torch.arange(len(tokens), device=tokens.device)
+    probs = torch.zeros(len(tokens), vocab, device=tokens.device)
+    probs[rows, tokens] = 1.0
+    ones = torch.ones(len(tokens), device=tokens.device)
+    return DraftStepOutput(tokens, probs, ones, torch.zeros_like(ones), ones)

@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from specdec_fast.kernels import SamplingParams, draft_step, point_mass_step
 from specdec_fast.kernels.lookup import LookupIndex, lookup_propose_reference
 
 
@@ -60,3 +61,14 @@ def test_bad_tables_are_refused():
     index = LookupIndex(1)
     with pytest.raises(RuntimeError, match="lookup_add: row 0 indexes tokens"):
         torch.ops.specdec_fast.lookup_add(index.tokens, torch.tensor([3]), torch.tensor([1]), index.keys, index.next, 2)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(1.0), SamplingParams(0.7, top_k=3, top_p=0.8), SamplingParams(0.0)])
+def test_a_point_mass_step_is_the_draft_step_of_its_logits(sampling):
+    """What a lookup's round uses instead of draft_step: the same tokens, q, q(token), entropy and top-1."""
+    tokens = torch.tensor([4, 0, 99])
+    logits = torch.full((3, 100), float("-inf"))
+    logits[torch.arange(3), tokens] = 0.0
+    expected = draft_step(logits, sampling=sampling, seed=0)
+    for got, want in zip(point_mass_step(tokens, 100), expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
