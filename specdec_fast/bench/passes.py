@@ -38,9 +38,9 @@ SIZES = (1, 2, 3, 4, 5)  # tokens in a pass: k + 1 for k = 0..4
 CACHED = (64, 512)
 
 
-def _engines(model, threads: int) -> tuple[dict, dict, str | None]:
-    """(our caches by name, llama.cpp peers by name, why the peers are missing or None)."""
-    eager = copy.deepcopy(model)
+def _engines(model, eager, threads: int) -> tuple[dict, dict, str | None]:
+    """(our caches by name, llama.cpp peers by name, why the peers are missing or None); ``eager``: a
+    copy of ``model`` that keeps transformers' own modules."""
     ours = {"transformers eager": lambda: HFCachedLM(eager), "skinny + packed GQA": lambda: HFCachedLM(use_fast_passes(model)),
             "lean fp32": lambda: LeanLM(model), "lean fp32 (A/A)": lambda: LeanLM(model),
             "lean bf16": lambda: LeanLM(model, "bf16"), "lean int8": lambda: LeanLM(model, "int8")}
@@ -101,12 +101,11 @@ def kv_bytes(model, cached: int) -> int:
     return cached * c.num_hidden_layers * 2 * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 4
 
 
-def decode(model, tokenizer, peers: dict, prompts: int, max_new_tokens: int, repeats: int) -> dict:
+def decode(model, eager, tokenizer, peers: dict, prompts: int, max_new_tokens: int, repeats: int) -> dict:
     """Greedy tokens/s (wall time, prompt pass included) per engine on ``prompts`` chat prompts, and
     how many of llama.cpp F32's tokens our lean fp32 decoding matches (prefix length)."""
     chats = [chat_prompt_ids(tokenizer, p["prompt"]) for p in heldout_prompts()[:prompts]]
     feature = default_feature_draft(model)
-    eager = copy.deepcopy(model)
     runs = {
         "transformers generate": lambda ids: eager.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                                             do_sample=False, max_new_tokens=max_new_tokens,
@@ -147,7 +146,8 @@ def run(repeats: int, prompts: int, max_new_tokens: int, decode_repeats: int, ou
     threads = torch.get_num_threads()
     reads = read_bandwidth_best()
     bandwidth = max(reads.values())
-    ours, peers, missing = _engines(model, threads)
+    eager = copy.deepcopy(model)  # before any fast-pass swap: transformers' own modules
+    ours, peers, missing = _engines(model, eager, threads)
     if missing:
         print(f"llama.cpp peer skipped: {missing}")
     times = pass_times(ours, peers, repeats)
@@ -164,7 +164,7 @@ def run(repeats: int, prompts: int, max_new_tokens: int, decode_repeats: int, ou
     data = dict(machine=machine(), settings=dict(repeats=repeats, threads=threads, prompts=prompts,
                                                  max_new_tokens=max_new_tokens, decode_repeats=decode_repeats),
                 read_bandwidth_gbps=bandwidth / 1e9, reads_gbps={k: v / 1e9 for k, v in reads.items()}, weight_bytes=weights, peer_missing=missing, passes=rows,
-                decode=decode(model, tokenizer, peers, prompts, max_new_tokens, decode_repeats))
+                decode=decode(model, eager, tokenizer, peers, prompts, max_new_tokens, decode_repeats))
     write_results(out, data, table(data))
     plot(data, out.with_suffix(".png"))
     return data

@@ -81,13 +81,12 @@ def _load_pair(args):
 
 def _policy(args, draft):
     """The draft-length policy: a fixed length if asked for, else the shipped learned one for a shipped
-    SmolLM2 draft, LOOKUP_TOKENS for a lookup draft (what the context offers caps it), else 4 tokens."""
+    SmolLM2 draft (the hybrid: its feature draft's), LOOKUP_TOKENS for a lookup draft (what the context
+    offers caps it), else 4 tokens."""
     if args.num_draft_tokens is not None:
         return FixedDraftLength(args.num_draft_tokens)
     if args.draft == "lookup":
         return FixedDraftLength(LOOKUP_TOKENS)
-    if args.draft == "hybrid":  # the feature draft's rounds follow its policy; looked-up rounds take what they find
-        return default_policy(args.verifier, draft=draft.model)
     if args.target is None and args.draft_model is None and args.draft != "early-exit":
         return default_policy(args.verifier, draft=draft)
     return FixedDraftLength(4)

@@ -70,10 +70,6 @@ class LookupLM:
         """[B] int64: tokens of each row held (committed and drafted)."""
         return self.index.lengths.clone()
 
-    @property
-    def cache_length(self) -> int:
-        return int(self.index.lengths[0])
-
     def plan_lengths(self, lens: list[int], budgets: list[int]) -> list[int]:
         """The round's draft lengths once the lookup has looked: at most what each row found."""
         return [min(n, int(a)) for n, a in zip(lens, self.proposal_lengths)]

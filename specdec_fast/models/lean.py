@@ -139,7 +139,6 @@ class LeanPass:
     def __init__(self, model: nn.Module, batch: int, precision: str = "fp32", capacity: int = 256):
         self.w = LeanWeights.of(model, precision)
         self.rotary = model.model.rotary_emb
-        self.max_length = getattr(model.config, "max_position_embeddings", None)
         self.device = self.w.embed.device
         shape = (batch, len(model.model.layers), 2, self.w.kv_heads, capacity, self.w.head_dim)
         self.cache = torch.empty(shape, device=self.device)
@@ -196,12 +195,7 @@ class LeanLM(TransformersLM):
         self.length = 0
 
     def extend(self, tokens: Tensor, num_logits: int) -> Tensor:
-        n = len(tokens)
-        positions = torch.arange(self.length, self.length + n, device=self.device)
-        logits = self.lean(tokens.to(self.device), torch.zeros(n, dtype=torch.int64, device=self.device), positions,
-                           positions[n - num_logits:] - self.length)
-        self.length += n
-        return logits
+        return self.extend_siblings(tokens, tokens[:0], 0, num_logits)
 
     def crop(self, length: int) -> None:
         if not 0 <= length <= self.length:
