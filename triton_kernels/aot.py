@@ -17,9 +17,9 @@ from .verify import verify_block_kernel, verify_kernel
 
 I64, F32 = "*i64", "*fp32"
 SIGNATURES = {  # kernel: (function, argument types, constexprs); logits in bf16 here
-    "verify": (verify_kernel, ["*bf16", F32, I64, I64, F32, I64, F32, F32, I64, I64, "i64", "i64"],
+    "verify": (verify_kernel, ["*bf16", F32, "*i8", I64, I64, F32, I64, F32, F32, I64, I64, I64, "i64", "i64"],
                dict(BLOCK=4096)),
-    "verify_block": (verify_block_kernel, ["*bf16", F32, I64, I64, F32, I64, F32, F32, I64, I64, "i64", "i64"],
+    "verify_block": (verify_block_kernel, ["*bf16", F32, "*i8", I64, I64, F32, I64, F32, F32, I64, I64, I64, "i64", "i64"],
                      dict(BLOCK=4096)),
     "draft_step": (draft_step_kernel, ["*bf16", F32, I64, F32, F32, I64, F32, F32, F32, F32, "i64"],
                    dict(BLOCK=4096)),

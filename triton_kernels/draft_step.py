@@ -28,9 +28,9 @@ def draft_step_kernel(
     greedy = t == 0
     token = tl.full((), -1, tl.int64)
     if greedy:
-        token = argmax_row(row, V, BLOCK)
+        token, _ = argmax_row(row, V, BLOCK)
     t = tl.where(greedy, 1.0, t)
-    _, min_key, m, inv_sum = row_dist(row, V, t, top_k, top_p, BLOCK)
+    _, min_key, m, inv_sum, _ = row_dist(row, V, t, top_k, top_p, BLOCK)  # logits checked in Python
 
     # Write q; sum p in float64 for the sampler; H(p) = sum p (log(sum) - (z - max)) over p > 0.
     log_sum = -tl.log(inv_sum).to(tl.float32)
@@ -38,14 +38,14 @@ def draft_step_kernel(
     entropy = tl.zeros((), tl.float64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK).to(tl.int64)
-        p = weights_tile(row, row, offs, V, t, min_key, m, inv_sum, False, 1.0)
+        p = weights_tile(row, row, offs, V, t, min_key, m, inv_sum, False, 1.0, 0, -1)
         tl.store(probs_ptr + b * V + offs, tl.where(greedy, tl.where(offs == token, 1.0, 0.0), p), mask=offs < V)
         total += tl.sum(p.to(tl.float64), 0)
         z = scaled_tile(row, offs, V, t)
         entropy += tl.sum((p * (log_sum - tl.where(p > 0, z - m, 0.0))).to(tl.float64), 0)
 
     if token < 0:
-        token = sample_row(row, row, V, t, min_key, m, inv_sum, False, 1.0, total, tl.load(u_ptr + b), BLOCK)
+        token = sample_row(row, row, V, t, min_key, m, inv_sum, False, 1.0, total, tl.load(u_ptr + b), 0, -1, BLOCK)
     z = scaled(tl.load(row + token).to(tl.float32), t)  # p(token), by the same formula as the stored p
     tl.store(tokens_ptr + b, token)
     tl.store(token_prob_ptr + b, tl.where(order_key(z) >= min_key, exp_shifted(z, m) * inv_sum.to(tl.float32), 0.0))

@@ -1,6 +1,6 @@
 // torch-facing side of the CPU kernels: the CPU implementations of the ops whose schemas
-// specdec_fast/backends.py defines. Inputs are checked in Python (specdec_fast/ops.py);
-// here only what the kernels rely on.
+// specdec_fast/kernels/registry.py defines. Shapes are checked in Python (specdec_fast/kernels/ops.py),
+// the values a verifier reads by the kernels (a row's status).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -60,33 +60,37 @@ void for_each_row(int64_t B, int64_t V, F f) {
 }
 
 // Token-wise (block = false) or block verification of every row.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_rows(const specdec::VerifyInputs& in, bool block) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_rows(const specdec::VerifyInputs& in, bool block) {
   const int64_t B = in.B, K = in.K, V = in.V;
-  at::Tensor accepted = at::empty({B}, in.tokens.options()), tokens = at::empty({B, K + 1}, in.tokens.options());
+  at::Tensor accepted = at::empty({B}, in.tokens.options()), tokens = at::empty({B, K + 1}, in.tokens.options()),
+             status = at::empty({B}, in.tokens.options());
+  const bool* point_mass = in.point_mass.data_ptr<bool>();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.target.scalar_type(), "verify_cpu", [&] {
     const auto* target = storage<scalar_t>(in.target);
     for_each_row(B, V, [&](int64_t b, specdec::Scratch& scratch, auto for_chunks) {
+      specdec::Status row_status = specdec::kOk;
       const auto row = [&](auto verify_row) {
-        return verify_row(target + b * (K + 1) * V, in.q.data_ptr<float>() + b * K * V,
-                          in.tokens.data_ptr<int64_t>() + b * K, in.lens.data_ptr<int64_t>()[b], K, V,
-                          row_sampling(in.temperature, in.top_k, in.top_p, b), in.uniforms.data_ptr<float>() + b * (K + 1),
-                          tokens.data_ptr<int64_t>() + b * (K + 1), scratch, for_chunks);
+        return verify_row(target + b * (K + 1) * V, in.q_row(b, point_mass), in.tokens.data_ptr<int64_t>() + b * K,
+                          in.lens.data_ptr<int64_t>()[b], K, V, row_sampling(in.temperature, in.top_k, in.top_p, b),
+                          in.uniforms.data_ptr<float>() + b * (K + 1), tokens.data_ptr<int64_t>() + b * (K + 1), scratch,
+                          &row_status, for_chunks);
       };
       accepted.data_ptr<int64_t>()[b] = block ? row([](auto&&... a) { return specdec::verify_block_row(a...); })
                                               : row([](auto&&... a) { return specdec::verify_row(a...); });
+      status.data_ptr<int64_t>()[b] = row_status;
     });
   });
-  return {accepted, tokens, accepted + 1};
+  return {accepted, tokens, accepted + 1, status};
 }
 
 template <bool kBlock>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cpu(
-    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
-    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& uniforms) {
-  return verify_rows(
-      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
-      kBlock);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cpu(
+    const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_probs, const at::Tensor& point_mass,
+    const at::Tensor& draft_tokens, const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k,
+    const at::Tensor& top_p, const at::Tensor& uniforms) {
+  return verify_rows(specdec::verify_inputs(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature,
+                                            top_k, top_p, uniforms),
+                     kBlock);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step_cpu(

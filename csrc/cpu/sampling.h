@@ -23,6 +23,20 @@ constexpr float kResidualEps = 1e-6f;  // reference/verify.py RESIDUAL_EPS
 constexpr int64_t kChunk = 2048;       // elements per chunk: 8 KB of fp32, stays in L1
 constexpr int64_t kFlush = 16;         // vectors summed in fp32 before adding into double
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
+
+// A verified row's status: what is wrong with its inputs, the first problem found in this
+// order (specdec_fast/kernels/reference/verify.py STATUS; Python raises the matching error).
+enum Status : int64_t {
+  kOk = 0,
+  kBadLength = 1,    // draft length outside [0, K]
+  kBadToken = 2,     // a drafted token outside [0, V)
+  kBadUniform = 3,   // a uniform outside (0, 1]
+  kNaN = 4,          // a target row read holds NaN
+  kPosInfinity = 5,  // ... or +inf
+  kAllNegInf = 6,    // ... or only -inf
+  kBadDraft = 7,     // a draft probability read is NaN, negative or infinite
+};
 
 struct Sampling {
   float temperature;  // 0 = greedy
@@ -50,12 +64,13 @@ struct Scratch {
   std::unique_ptr<uint32_t[]> keys;     // [V] top-k/top-p only: order keys of z
   std::unique_ptr<float[]> chunk_max;   // [chunks] m_c
   std::unique_ptr<double[]> chunk_sum;  // [chunks] per-chunk sums (of e, then of the weights)
+  std::unique_ptr<bool[]> chunk_bad;    // [chunks] the chunk holds NaN or +inf
   void reserve(int64_t V) {
     if (V <= capacity) return;
     const int64_t n = padded(V), chunks = num_chunks(V);
     z.reset(new float[n]), e.reset(new float[n]), w.reset(new float[n]);
     p64.reset(new double[n]), keys.reset(new uint32_t[n]);
-    chunk_max.reset(new float[chunks]), chunk_sum.reset(new double[chunks]);
+    chunk_max.reset(new float[chunks]), chunk_sum.reset(new double[chunks]), chunk_bad.reset(new bool[chunks]);
     capacity = V;
   }
 };
@@ -81,6 +96,22 @@ inline float max_of(const float* z, int64_t n) {  // n: a multiple of kWidth
   vfloat m = splat(kNegInf);
   for (int64_t i = 0; i < n; i += kWidth) m = vmax(m, load(z + i));
   return reduce_max(m);
+}
+
+// Does z[0..n) (n a multiple of kWidth) hold NaN or +inf? One compare per vector.
+inline bool has_nan_or_inf(const float* z, int64_t n) {
+  vint bad = {};
+  for (int64_t i = 0; i < n; i += kWidth) bad |= ~(load(z + i) < kPosInf);
+  for (int l = 0; l < kWidth; ++l)
+    if (bad[l]) return true;
+  return false;
+}
+
+// The status of a row of n values that holds NaN or +inf: NaN wins.
+inline Status nan_or_inf(const float* z, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isnan(z[i])) return kNaN;
+  return kPosInfinity;
 }
 
 // e[i] = exp(z[i] - m) for i < n (a multiple of kWidth); returns their sum (fp32 partial
@@ -130,6 +161,7 @@ uint32_t smallest_kept_key(const uint32_t* keys, int64_t V, Weight weight, doubl
 // kept(x) iff order_key(z_x) >= min_key, the sum over the kept x. Greedy rows are the
 // point mass on the first argmax.
 struct RowDist {
+  Status status = kOk;   // kNaN, kPosInfinity, kAllNegInf: the row cannot be warped
   int64_t argmax = -1;   // >= 0 for greedy rows
   float temperature = 1.0f;
   uint32_t min_key = 0;  // 0: every token kept
@@ -145,19 +177,22 @@ struct RowDist {
   }
 };
 
-// Index of the first maximum of a row; z: scratch for one chunk.
+// Index of the first maximum of a row; z: scratch for one chunk. With `status`, also checks
+// the row (NaN, +inf, only -inf).
 template <typename T>
-int64_t argmax(const T* logits, int64_t V, float* z) {
+int64_t argmax(const T* logits, int64_t V, float* z, Status* status = nullptr) {
   int64_t best = 0;
   float best_value = kNegInf;
   for (int64_t c = 0; c < V; c += kChunk) {
     const int64_t n = std::min(kChunk, V - c);
     scale_chunk(logits + c, n, 1.0f, z);
+    if (status != nullptr && *status == kOk && has_nan_or_inf(z, padded(n))) *status = nan_or_inf(z, n);
     const float mc = max_of(z, padded(n));
     if (!(mc > best_value)) continue;  // ties with an earlier chunk keep the earlier index
     best_value = mc;
     best = c + (std::find(z, z + n, mc) - z);
   }
+  if (status != nullptr && *status == kOk && best_value == kNegInf) *status = kAllNegInf;
   return best;
 }
 
@@ -218,24 +253,32 @@ template <typename T, typename ForChunks = Serial>
 RowDist row_dist(const T* logits, int64_t V, Sampling samp, Scratch& s, ForChunks for_chunks = {}) {
   RowDist d;
   if (samp.temperature == 0.0f) {
-    d.argmax = argmax(logits, V, s.z.get());
+    d.argmax = argmax(logits, V, s.z.get(), &d.status);
     return d;
   }
   d.temperature = samp.temperature;
   const int64_t chunks = num_chunks(V);
   if ((samp.top_k > 0 && samp.top_k < V) || samp.top_p < 1.0f) {
     for (int64_t c = 0; c < V; c += kChunk) scale_chunk(logits + c, std::min(kChunk, V - c), samp.temperature, s.z.get() + c);
+    if (has_nan_or_inf(s.z.get(), padded(V))) d.status = nan_or_inf(s.z.get(), V);
+    else if (max_of(s.z.get(), padded(V)) == kNegInf) d.status = kAllNegInf;
+    if (d.status != kOk) return d;
     filtered_row(d, V, samp, s);
   } else {  // the hot path: each chunk read once, its max and exps from L1
     for_chunks(chunks, [&](int64_t k) {
       const int64_t n = padded(std::min(kChunk, V - k * kChunk));
       const float* z = chunk_z(logits, V, samp.temperature, k, s);
       float* e = s.e.get() + k * kChunk;
+      s.chunk_bad[k] = has_nan_or_inf(z, n);
       const float mc = s.chunk_max[k] = max_of(z, n);
-      if (mc == kNegInf) std::fill(e, e + n, 0.0f);
-      s.chunk_sum[k] = mc == kNegInf ? 0.0 : exp_and_sum(z, n, mc, e);
+      if (mc == kNegInf || s.chunk_bad[k]) std::fill(e, e + n, 0.0f);
+      s.chunk_sum[k] = mc == kNegInf || s.chunk_bad[k] ? 0.0 : exp_and_sum(z, n, mc, e);
     });
+    for (int64_t k = 0; k < chunks && d.status == kOk; ++k)
+      if (s.chunk_bad[k]) d.status = nan_or_inf(chunk_z(logits, V, samp.temperature, k, s), std::min(kChunk, V - k * kChunk));
     d.max = *std::max_element(s.chunk_max.get(), s.chunk_max.get() + chunks);
+    if (d.status == kOk && d.max == kNegInf) d.status = kAllNegInf;
+    if (d.status != kOk) return d;
   }
   double sum = 0.0;
   for (int64_t k = 0; k < chunks; ++k)
@@ -244,31 +287,37 @@ RowDist row_dist(const T* logits, int64_t V, Sampling samp, Scratch& s, ForChunk
   return d;
 }
 
-// w[x] = p(x) (q == nullptr) or max(0, p_scale p(x) - q[x]) from a row_dist's scratch, with
-// s.chunk_sum[k] = the sum of chunk k's weights (double); returns the total. w has room
-// for V rounded up to whole vectors unless `exact_end`, then exactly V entries.
+// w[x] = p_scale p(x), then max(0, w[x] - q[x]) where q != nullptr, and 0 at x = `exclude`
+// (the residual of a point mass on it), from a row_dist's scratch, with s.chunk_sum[k] = the
+// sum of chunk k's weights (double); returns the total, NaN if q holds NaN, a negative or an
+// infinite value. w has room for V rounded up to whole vectors unless `exact_end`, then
+// exactly V entries.
 template <typename ForChunks = Serial>
 double fill_weights(const RowDist& d, const float* q, int64_t V, Scratch& s, float* w, bool exact_end,
-                    ForChunks for_chunks = {}, float p_scale = 1.0f) {
+                    ForChunks for_chunks = {}, float p_scale = 1.0f, int64_t exclude = -1) {
   for_chunks(num_chunks(V), [&](int64_t k) {
     const int64_t c = k * kChunk, n = std::min(kChunk, V - c);
     const vfloat scale = splat(static_cast<float>(std::exp(static_cast<double>(s.chunk_max[k]) - d.max) * d.inv_sum));
-    const vfloat weight = splat(p_scale);
     double sum = 0.0;
+    vint bad_q = {};
     for (int64_t i = 0; i < n;) {
       vfloat part = {};
       for (int64_t end = std::min(n, i + kFlush * kWidth); i < end; i += kWidth) {
-        vfloat v = load(s.e.get() + c + i) * scale;
+        vfloat v = load(s.e.get() + c + i) * scale * p_scale;
         if (q != nullptr) {
           const vfloat qv = i + kWidth <= n ? load(q + c + i) : load_partial(q + c + i, n - i, 0.0f);
-          v = vmax(v * weight - qv, vfloat{});
+          bad_q |= ~((qv >= 0.0f) & (qv < kPosInf));
+          v = vmax(v - qv, vfloat{});
         }
+        if (exclude >= c + i && exclude < c + i + kWidth) v[exclude - c - i] = 0.0f;
         if (exact_end && i + kWidth > n) store_partial(w + c + i, v, n - i);
         else store(w + c + i, v);
         part += v;
       }
       sum += sum_lanes(part);
     }
+    for (int l = 0; l < kWidth; ++l)
+      if (bad_q[l]) sum = std::numeric_limits<double>::quiet_NaN();
     s.chunk_sum[k] = sum;
   });
   double total = 0.0;
@@ -298,62 +347,105 @@ inline int64_t sample_inverse_cdf(const float* w, const double* chunk_sum, int64
   return 0;
 }
 
-// One row of token-wise verification. target: [K+1, V] logits, q: [K, V], tokens: [K],
-// u: [K+1]. Writes out_tokens[K+1] (padded with -1) and returns the accepted count.
+// The status of a row's draft lengths, tokens and uniforms (u: [K+1]); kOk if all are valid.
+inline Status check_row(const int64_t* tokens, int64_t len, int64_t K, int64_t V, const float* u) {
+  if (len < 0 || len > K) return kBadLength;
+  for (int64_t i = 0; i < len; ++i)
+    if (tokens[i] < 0 || tokens[i] >= V) return kBadToken;
+  for (int64_t i = 0; i <= K; ++i)
+    if (!(u[i] > 0.0f && u[i] <= 1.0f)) return kBadUniform;
+  return kOk;
+}
+
+// q_j(X_j): 1 for a point-mass draft (q == nullptr), else the draft's probability, NaN if it is
+// not a probability (negative or infinite).
+inline float draft_prob(const float* q, int64_t j, int64_t V, int64_t x) {
+  if (q == nullptr) return 1.0f;
+  const float qx = q[j * V + x];
+  return qx >= 0.0f && qx < kPosInf ? qx : std::numeric_limits<float>::quiet_NaN();
+}
+
+// Samples the token emitted at a stop: from max(0, p_scale p - q) (q == nullptr: p_scale p with
+// X = `exclude` removed, the residual of a point mass) when `residual`, else or when that has no
+// mass from p. Returns the token, or -1 if q holds bad values (kBadDraft).
+template <typename ForChunks>
+int64_t stop_token(const RowDist& d, const float* q, int64_t exclude, bool residual, float p_scale, int64_t V, float u,
+                   Scratch& s, ForChunks for_chunks) {
+  if (d.argmax >= 0) return d.argmax;  // greedy: the residual of a point mass is the point mass
+  float* w = s.w.get();
+  if (residual) {
+    const double mass = fill_weights(d, q, V, s, w, false, for_chunks, p_scale, q == nullptr ? exclude : -1);
+    if (std::isnan(mass)) return -1;
+    residual = static_cast<float>(mass) > kResidualEps;
+  }
+  if (!residual) fill_weights(d, nullptr, V, s, w, false, for_chunks);
+  return sample_inverse_cdf(w, s.chunk_sum.get(), V, u);
+}
+
+// One row of token-wise verification. target: [K+1, V] logits, q: [K, V] or nullptr (a point
+// mass on each drafted token), tokens: [K], u: [K+1]. Writes out_tokens[K+1] (padded with -1)
+// and returns the accepted count; *status: kOk, or what is wrong (then the outputs are undefined).
 template <typename T, typename ForChunks = Serial>
 int64_t verify_row(const T* target, const float* q, const int64_t* tokens, int64_t len, int64_t K, int64_t V,
-                   Sampling samp, const float* u, int64_t* out_tokens, Scratch& s, ForChunks for_chunks = {}) {
+                   Sampling samp, const float* u, int64_t* out_tokens, Scratch& s, Status* status,
+                   ForChunks for_chunks = {}) {
+  if ((*status = check_row(tokens, len, K, V, u)) != kOk) return 0;
   int64_t j = 0;
   RowDist d;
   for (;; ++j) {
     d = row_dist(target + j * V, V, samp, s, for_chunks);
+    if (d.status != kOk) return *status = d.status, 0;
     if (j == len) break;
     const int64_t x = tokens[j];
-    const float qx = q[j * V + x];
+    const float qx = draft_prob(q, j, V, x);
+    if (std::isnan(qx)) return *status = kBadDraft, 0;
     if (!(qx > 0.0f && u[j] * qx <= d.prob(target[j * V + x], x))) break;  // q(x) == 0: reject
   }
   for (int64_t i = 0; i <= K; ++i) out_tokens[i] = i < j ? tokens[i] : -1;
-  if (d.argmax >= 0) {  // greedy: the residual of a point mass is the point mass
-    out_tokens[j] = d.argmax;
-    return j;
-  }
   // The residual max(0, p - q) at a rejection; p itself for the bonus or an empty residual.
-  float* w = s.w.get();
-  if (j == len || static_cast<float>(fill_weights(d, q + j * V, V, s, w, false, for_chunks)) <= kResidualEps)
-    fill_weights(d, nullptr, V, s, w, false, for_chunks);
-  out_tokens[j] = sample_inverse_cdf(w, s.chunk_sum.get(), V, u[K]);
+  const int64_t y = stop_token(d, q == nullptr ? nullptr : q + j * V, j < len ? tokens[j] : -1, j < len, 1.0f, V, u[K],
+                               s, for_chunks);
+  if (y < 0) return *status = kBadDraft, 0;
+  out_tokens[j] = y;
   return j;
 }
 
 // One row of block verification (reference/verify_block.py): the same inputs and outputs
-// as verify_row. Reads every drafted row: p_i needs P_i(X_i), r_i a pass over P_{i+1}, Q_{i+1}.
+// as verify_row. Reads every drafted row: p_i needs P_i(X_i), r_i a pass over P_{i+1}, Q_{i+1}
+// (for a point mass r_i = p_i (1 - P_{i+1}(X_{i+1})), without the pass).
 template <typename T, typename ForChunks = Serial>
 int64_t verify_block_row(const T* target, const float* q, const int64_t* tokens, int64_t len, int64_t K, int64_t V,
-                         Sampling samp, const float* u, int64_t* out_tokens, Scratch& s, ForChunks for_chunks = {}) {
+                         Sampling samp, const float* u, int64_t* out_tokens, Scratch& s, Status* status,
+                         ForChunks for_chunks = {}) {
   if (samp.temperature == 0.0f)  // point masses: block and token-wise accept the same matching prefix
-    return verify_row(target, q, tokens, len, K, V, samp, u, out_tokens, s, for_chunks);
+    return verify_row(target, q, tokens, len, K, V, samp, u, out_tokens, s, status, for_chunks);
+  if ((*status = check_row(tokens, len, K, V, u)) != kOk) return 0;
   double clipped = 1.0, clipped_at_tau = 1.0;  // p_i, and p_tau
   int64_t tau = 0;
   for (int64_t j = 0; j < len; ++j) {  // row j holds P_{j+1}; X_{j+1} = tokens[j]
     const RowDist d = row_dist(target + j * V, V, samp, s, for_chunks);
+    if (d.status != kOk) return *status = d.status, 0;
+    const int64_t x = tokens[j];
+    const float px = d.prob(target[j * V + x], x), qx = draft_prob(q, j, V, x);
+    if (std::isnan(qx)) return *status = kBadDraft, 0;
     if (j > 0) {  // h_j from r_j = sum max(p_j P_{j+1} - Q_{j+1}, 0), a pass over row j
-      const double r = fill_weights(d, q + j * V, V, s, s.w.get(), false, for_chunks, static_cast<float>(clipped));
+      const double r = q == nullptr ? clipped * (1.0 - static_cast<double>(px))
+                                    : fill_weights(d, q + j * V, V, s, s.w.get(), false, for_chunks, static_cast<float>(clipped));
+      if (std::isnan(r)) return *status = kBadDraft, 0;
       const double denominator = r + 1.0 - clipped;
       if (static_cast<double>(u[j - 1]) <= (denominator > 0.0 ? r / denominator : 1.0)) tau = j, clipped_at_tau = clipped;
     }
-    const int64_t x = tokens[j];
-    const float qx = q[j * V + x];
-    clipped = qx > 0.0f ? std::min(1.0, clipped * d.prob(target[j * V + x], x) / qx) : 0.0;
+    clipped = qx > 0.0f ? std::min(1.0, clipped * px / qx) : 0.0;
   }
   if (len > 0 && static_cast<double>(u[len - 1]) <= clipped) tau = len, clipped_at_tau = clipped;  // h_L = p_L
   for (int64_t i = 0; i <= K; ++i) out_tokens[i] = i < tau ? tokens[i] : -1;
   // Y ~ P_{L+1} at tau = L; else norm(max(p_tau P_{tau+1} - Q_{tau+1}, 0)), or P_{tau+1} without mass.
   const RowDist d = row_dist(target + tau * V, V, samp, s, for_chunks);
-  float* w = s.w.get();
-  if (tau == len || static_cast<float>(fill_weights(d, q + tau * V, V, s, w, false, for_chunks,
-                                                    static_cast<float>(clipped_at_tau))) <= kResidualEps)
-    fill_weights(d, nullptr, V, s, w, false, for_chunks);
-  out_tokens[tau] = sample_inverse_cdf(w, s.chunk_sum.get(), V, u[K]);
+  if (d.status != kOk) return *status = d.status, 0;
+  const int64_t y = stop_token(d, q == nullptr ? nullptr : q + tau * V, tau < len ? tokens[tau] : -1, tau < len,
+                               static_cast<float>(clipped_at_tau), V, u[K], s, for_chunks);
+  if (y < 0) return *status = kBadDraft, 0;
+  out_tokens[tau] = y;
   return tau;
 }
 

@@ -36,6 +36,18 @@ constexpr int kItems = 16;   // consecutive entries per thread in a sampling til
 constexpr int kTile = kThreads * kItems;
 constexpr float kResidualEps = 1e-6f;  // reference/verify.py RESIDUAL_EPS
 
+// A verified row's status (reference/verify.py STATUS; csrc/cpu/sampling.h Status).
+enum Status : int64_t { kOk = 0, kBadLength = 1, kBadToken = 2, kBadUniform = 3, kNaN = 4, kPosInfinity = 5,
+                        kAllNegInf = 6, kBadDraft = 7 };
+
+// 2 for NaN, 1 for +inf, else 0: reduced with Max over a row, NaN wins.
+__device__ __forceinline__ int bad_value(float z) { return isnan(z) ? 2 : (z == INFINITY ? 1 : 0); }
+
+// The status of a row whose values reduced to `bad` (bad_value, group-reduced) and max `m`.
+__device__ __forceinline__ Status value_status(int bad, float m) {
+  return bad == 2 ? kNaN : bad == 1 ? kPosInfinity : m == -INFINITY ? kAllNegInf : kOk;
+}
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -336,6 +348,7 @@ struct RowDist {
   uint32_t min_key;
   float max;
   double inv_sum;
+  Status status;  // kNaN, kPosInfinity, kAllNegInf: the row cannot be warped (the rest is undefined)
 
   template <typename T>
   __device__ float prob(T logit, int64_t x) const {
@@ -350,13 +363,16 @@ struct RowDist {
 };
 
 template <typename T>
-__device__ int64_t argmax_row(const T* row, const Slice& s) {
+__device__ int64_t argmax_row(const T* row, const Slice& s, Status* status = nullptr) {
   float best = -INFINITY;
   int64_t best_idx = INT64_MAX;
+  int bad = 0;
   stream_row(row, s, [&](int64_t i, float x) {
     if (x > best || best_idx == INT64_MAX) best = x, best_idx = i;  // strided: the first of a thread's ties
+    bad = max(bad, bad_value(x));
   });
   const float m = group_reduce(best, Max{});
+  if (status != nullptr) *status = value_status(group_reduce(bad, Max{}), m);
   return group_reduce(best == m ? best_idx : INT64_MAX, Min{});
 }
 
@@ -397,9 +413,9 @@ __device__ double kept_sum(const T* row, const Slice& s, const RowDist& d) {
 
 template <typename T>
 __device__ RowDist row_dist(const T* row, int64_t V, const Slice& sl, Sampling s) {
-  RowDist d{-1, s.temperature, 0u, 0.0f, 1.0};
+  RowDist d{-1, s.temperature, 0u, 0.0f, 1.0, kOk};
   if (s.temperature == 0.0f) {
-    d.argmax = argmax_row(row, sl);
+    d.argmax = argmax_row(row, sl, &d.status);
     return d;
   }
   if ((s.top_k <= 0 || s.top_k >= V) && s.top_p >= 1.0f) {  // the hot path: one read, online max and sum
@@ -407,10 +423,12 @@ __device__ RowDist row_dist(const T* row, int64_t V, const Slice& sl, Sampling s
     // (no chain of dependent instructions from one entry to the next).
     float m = -INFINITY;
     double sum = 0.0;
+    int bad = 0;
     stream_chunks(row, sl, [&](int64_t, const float (&x)[kUnroll], int) {
       float z[kUnroll], chunk_max = -INFINITY;
 #pragma unroll
-      for (int r = 0; r < kUnroll; ++r) z[r] = scaled(x[r], s.temperature), chunk_max = fmaxf(chunk_max, z[r]);
+      for (int r = 0; r < kUnroll; ++r)
+        z[r] = scaled(x[r], s.temperature), chunk_max = fmaxf(chunk_max, z[r]), bad = max(bad, bad_value(z[r]));
       if (chunk_max == -INFINITY) return;  // no finite entry
       if (chunk_max > m) sum = m == -INFINITY ? 0.0 : sum * exp(static_cast<double>(m) - chunk_max), m = chunk_max;
       double part = 0.0;
@@ -419,13 +437,20 @@ __device__ RowDist row_dist(const T* row, int64_t V, const Slice& sl, Sampling s
       sum += part;
     });
     d.max = group_reduce(m, Max{});
+    d.status = value_status(group_reduce(bad, Max{}), d.max);
     sum = m == -INFINITY ? 0.0 : sum * exp(static_cast<double>(m) - d.max);
     d.inv_sum = 1.0 / group_reduce(sum, Sum{});
     return d;
   }
   float m = -INFINITY;
-  stream_row(row, sl, [&](int64_t, float x) { m = fmaxf(m, scaled(x, s.temperature)); });
+  int bad = 0;
+  stream_row(row, sl, [&](int64_t, float x) {
+    const float z = scaled(x, s.temperature);
+    m = fmaxf(m, z), bad = max(bad, bad_value(z));
+  });
   d.max = group_reduce(m, Max{});  // the max is always kept
+  d.status = value_status(group_reduce(bad, Max{}), d.max);
+  if (d.status != kOk) return d;
   if (s.top_k > 0 && s.top_k < V)
     d.min_key = smallest_kept_key(row, sl, s.temperature, static_cast<double>(s.top_k), 0u, d.max, 1.0, false);
   if (s.top_p < 1.0f) {  // the kept set is decided on p in double, as in the reference
@@ -446,20 +471,33 @@ __host__ __device__ constexpr size_t sampler_bytes(int64_t V, int size) {
   return 2 * tiles_per_block(V, size) * kWarps * sizeof(double);
 }
 
+// The draft row a residual is taken against: q [V], or (q == nullptr, point >= 0) the point
+// mass on token `point`; neither (q == nullptr, point < 0): no residual.
+struct Draft {
+  const float* q;
+  int64_t point;
+  __device__ bool any() const { return q != nullptr || point >= 0; }
+};
+
 // This thread's items of the tile at `start`: p[i] = p(x), r[i] = max(scale p(x) - q(x), 0)
-// if q, x = start + threadIdx.x * kItems + i; 0 from `end` on.
+// if the draft has a row, x = start + threadIdx.x * kItems + i; 0 from `end` on. Returns the
+// count of the items whose q is NaN, negative or infinite.
 template <typename T>
-__device__ __forceinline__ void tile_weights(const T* row, const float* q, int64_t start, int64_t end,
-                                             const RowDist& d, float scale, float (&p)[kItems], float (&r)[kItems]) {
+__device__ __forceinline__ int tile_weights(const T* row, Draft draft, int64_t start, int64_t end, const RowDist& d,
+                                            float scale, float (&p)[kItems], float (&r)[kItems]) {
   const int64_t first = start + threadIdx.x * kItems;
   float x[kItems], qx[kItems];
   load_items(row, first, end, x);
-  if (q != nullptr) load_items(q, first, end, qx);
+  if (draft.q != nullptr) load_items(draft.q, first, end, qx);
+  int bad = 0;
 #pragma unroll
   for (int i = 0; i < kItems; ++i) {
+    if (draft.q == nullptr) qx[i] = first + i == draft.point ? 1.0f : 0.0f;
+    bad += !(qx[i] >= 0.0f && qx[i] < INFINITY);
     p[i] = first + i < end ? d.weight(scaled(x[i], d.temperature)) : 0.0f;
-    r[i] = q != nullptr ? fmaxf(scale * p[i] - qx[i], 0.0f) : 0.0f;
+    r[i] = draft.any() ? fmaxf(scale * p[i] - qx[i], 0.0f) : 0.0f;
   }
+  return bad;
 }
 
 __device__ __forceinline__ double sum_items(const float (&w)[kItems]) {
@@ -470,18 +508,21 @@ __device__ __forceinline__ double sum_items(const float (&w)[kItems]) {
 }
 
 // One read of the slice: records in `parts` each warp's sum of each tile's weights, p and (if
-// q) max(scale p - q, 0), in the order the sampler's scan adds them.
+// the draft has a row) max(scale p - q, 0), in the order the sampler's scan adds them. Returns
+// (to every thread of the group) whether q holds a NaN, negative or infinite value.
 template <typename T>
-__device__ void tile_sums(const T* row, const float* q, const Slice& s, const RowDist& d, float scale, double* parts) {
+__device__ bool tile_sums(const T* row, Draft draft, const Slice& s, const RowDist& d, float scale, double* parts) {
   const int warp = threadIdx.x >> 5;
+  int bad = 0;
   __syncthreads();  // the readers of the previous sums are done
   for (int64_t t = 0; t < s.tiles; ++t) {
     float p[kItems], r[kItems];
-    tile_weights(row, q, (s.tile0 + t) * kTile, s.hi, d, scale, p, r);
+    bad += tile_weights(row, draft, (s.tile0 + t) * kTile, s.hi, d, scale, p, r);
     const double sp = warp_inclusive_scan(sum_items(p)), sr = warp_inclusive_scan(sum_items(r));
     if ((threadIdx.x & 31) == 31) parts[t * kWarps + warp] = sp, parts[(s.tiles + t) * kWarps + warp] = sr;
   }
   __syncthreads();
+  return group_reduce(bad, Max{}) > 0;
 }
 
 // A tile's total from the warps' sums (`parts` of one weight kind), added as block_exclusive_scan does.
@@ -504,7 +545,7 @@ __device__ Prefix weight_total(const double* parts, const Slice& s, Group g) {
 // tiles before the target's by their sums; the last entry of positive weight in that slice
 // catches rounding past its end.
 template <typename T>
-__device__ int64_t sample_row(const T* row, const float* q, const Slice& s, const RowDist& d, bool residual,
+__device__ int64_t sample_row(const T* row, Draft draft, const Slice& s, const RowDist& d, bool residual,
                               float scale, const double* parts, Prefix w_sums, float u) {
   const double target = static_cast<double>(u) * w_sums.total;
   int64_t found = INT64_MAX, last = -1;
@@ -517,7 +558,7 @@ __device__ int64_t sample_row(const T* row, const float* q, const Slice& s, cons
       const double sum = tile_total(parts, t);
       if (cum + sum >= target || t == last_tile) {
         float p[kItems], r[kItems];
-        tile_weights(row, residual ? q : nullptr, (s.tile0 + t) * kTile, s.hi, d, scale, p, r);
+        tile_weights(row, residual ? draft : Draft{nullptr, -1}, (s.tile0 + t) * kTile, s.hi, d, scale, p, r);
 #pragma unroll
         for (int i = 0; i < kItems; ++i) p[i] = residual ? r[i] : p[i];
         const int64_t first = (s.tile0 + t) * kTile + threadIdx.x * kItems;
@@ -555,103 +596,156 @@ __device__ Request this_request(int64_t K, int64_t V) {
   return {blockIdx.x / g.size, K, V, g, this_slice(V, g)};
 }
 
+// The status of a row's draft length, tokens and uniforms (u: the row's [K+1]); every thread
+// reads the same values, so the result is uniform over the group.
+__device__ Status check_row(const int64_t* tokens, int64_t len, int64_t K, int64_t V, const float* u) {
+  if (len < 0 || len > K) return kBadLength;
+  for (int64_t i = 0; i < len; ++i)
+    if (tokens[i] < 0 || tokens[i] >= V) return kBadToken;
+  for (int64_t i = 0; i <= K; ++i)
+    if (!(u[i] > 0.0f && u[i] <= 1.0f)) return kBadUniform;
+  return kOk;
+}
+
+// q_j(X_j): 1 for a point-mass row (q == nullptr), else the draft's probability, NaN if it is
+// not a probability.
+__device__ __forceinline__ float draft_prob(const float* q, int64_t j, int64_t V, int64_t x) {
+  if (q == nullptr) return 1.0f;
+  const float q_x = q[j * V + x];
+  return q_x >= 0.0f && q_x < INFINITY ? q_x : NAN;
+}
+
 // The token emitted after `accepted` drafts of the request: argmax for greedy rows; else a
 // sample of max(scale p - q, 0) at a stop before the draft's end (p if that has no mass), of p
-// at the end. `known`: the stop row's distribution if the caller has it, else nullptr.
+// at the end. q: the request's [K, V] or nullptr (a point mass at each drafted token).
+// `known`: the stop row's distribution if the caller has it, else nullptr. -1 with *status set
+// if the stop row or its q holds bad values.
 template <typename T>
-__device__ int64_t stop_token(const T* rows, const float* q, const float* u, const Request& req, int64_t accepted,
-                              int64_t len, float scale, Sampling s, const RowDist* known, double* parts) {
-  const int64_t K = req.K, V = req.V;
+__device__ int64_t stop_token(const T* rows, const float* q, const int64_t* tokens, const float* u, const Request& req,
+                              int64_t accepted, int64_t len, float scale, Sampling s, const RowDist* known,
+                              double* parts, Status* status) {
+  const int64_t V = req.V;
   const T* row = rows + accepted * V;
   const RowDist d = known != nullptr ? *known : row_dist(row, V, req.s, s);
+  if (d.status != kOk) return *status = d.status, -1;
   if (d.argmax >= 0) return d.argmax;  // the residual of a point mass is the point mass
   const bool rejected = accepted < len;
-  const float* q_row = rejected ? q + (req.b * K + accepted) * V : nullptr;
+  const Draft draft = !rejected ? Draft{nullptr, -1}
+                      : q == nullptr ? Draft{nullptr, tokens[accepted]} : Draft{q + accepted * V, -1};
   double* residual_parts = parts + req.s.tiles * kWarps;
-  tile_sums(row, q_row, req.s, d, scale, parts);
+  if (tile_sums(row, draft, req.s, d, scale, parts)) return *status = kBadDraft, -1;
   const Prefix mass = rejected ? weight_total(residual_parts, req.s, req.g) : Prefix{};
   const bool residual = rejected && static_cast<float>(mass.total) > kResidualEps;
   const Prefix sums = residual ? mass : weight_total(parts, req.s, req.g);
-  return sample_row(row, q_row, req.s, d, residual, scale, residual ? residual_parts : parts, sums,
-                    u[req.b * (K + 1) + K]);
+  return sample_row(row, draft, req.s, d, residual, scale, residual ? residual_parts : parts, sums, u[req.K]);
 }
 
-__device__ void emit(const int64_t* tokens, int64_t* accepted_out, int64_t* out, const Request& req,
-                     int64_t accepted, int64_t y) {
+__device__ void emit(const int64_t* tokens, int64_t* accepted_out, int64_t* out, int64_t* status_out,
+                     const Request& req, int64_t accepted, int64_t y, Status status) {
   if (req.g.rank != 0) return;
   const int64_t b = req.b, K = req.K;
-  for (int64_t i = threadIdx.x; i <= K; i += kThreads) out[b * (K + 1) + i] = i < accepted ? tokens[b * K + i] : (i == accepted ? y : -1);
-  if (threadIdx.x == 0) accepted_out[b] = accepted;
+  for (int64_t i = threadIdx.x; i <= K; i += kThreads) out[b * (K + 1) + i] = i < accepted ? tokens[i] : (i == accepted ? y : -1);
+  if (threadIdx.x == 0) accepted_out[b] = accepted, status_out[b] = status;
+}
+
+// The request's rows: target [K+1, V], q [K, V] (nullptr for a point-mass request), tokens [K], u [K+1].
+template <typename T>
+struct Rows {
+  const T* target;
+  const float* q;
+  const int64_t* tokens;
+  const float* u;
+};
+
+template <typename T>
+__device__ Rows<T> request_rows(const T* target, const float* q, const bool* point_mass, const int64_t* tokens,
+                                const float* u, const Request& req) {
+  const int64_t b = req.b, K = req.K, V = req.V;
+  return {target + b * (K + 1) * V, q == nullptr || point_mass[b] ? nullptr : q + b * K * V, tokens + b * K,
+          u + b * (K + 1)};
 }
 
 // Token-wise: accept X_j while u_j q_j(X_j) <= p_j(X_j); then the stop token.
 template <typename T>
-__device__ void token_wise_row(const T* target, const float* q, const int64_t* tokens, int64_t len, Sampling s,
-                               const float* u, int64_t* accepted, int64_t* out, const Request& req, double* parts) {
-  const int64_t b = req.b, K = req.K, V = req.V;
-  const T* rows = target + b * (K + 1) * V;
+__device__ void token_wise_row(const Rows<T>& r, int64_t len, Sampling s, int64_t* accepted, int64_t* out,
+                               int64_t* status_out, const Request& req, double* parts) {
+  const int64_t V = req.V;
+  Status status = check_row(r.tokens, len, req.K, V, r.u);
   RowDist d{};
-  int64_t j = 0;
-  for (; j < len; ++j) {
-    d = row_dist(rows + j * V, V, req.s, s);
-    const int64_t x = tokens[b * K + j];
-    const float q_x = q[(b * K + j) * V + x];
-    if (!(q_x > 0.0f && u[b * (K + 1) + j] * q_x <= d.prob(rows[j * V + x], x))) break;  // q(x) == 0: reject
+  int64_t j = 0, y = -1;
+  for (; j < len && status == kOk; ++j) {
+    d = row_dist(r.target + j * V, V, req.s, s);
+    const int64_t x = r.tokens[j];
+    const float q_x = draft_prob(r.q, j, V, x);
+    status = d.status != kOk ? d.status : isnan(q_x) ? kBadDraft : kOk;
+    if (status != kOk || !(q_x > 0.0f && r.u[j] * q_x <= d.prob(r.target[j * V + x], x))) break;  // q(x) == 0: reject
   }
-  const int64_t y = stop_token(rows, q, u, req, j, len, 1.0f, s, j < len ? &d : nullptr, parts);
-  emit(tokens, accepted, out, req, j, y);
+  if (status == kOk) y = stop_token(r.target, r.q, r.tokens, r.u, req, j, len, 1.0f, s, j < len ? &d : nullptr, parts, &status);
+  emit(r.tokens, accepted, out, status_out, req, j, y, status);
 }
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-verify_kernel(const T* target, const float* q, const int64_t* tokens, const int64_t* lens, const float* temperature,
-              const int64_t* top_k, const float* top_p, const float* u, int64_t* accepted, int64_t* out, int64_t K,
-              int64_t V) {
+verify_kernel(const T* target, const float* q, const bool* point_mass, const int64_t* tokens, const int64_t* lens,
+              const float* temperature, const int64_t* top_k, const float* top_p, const float* u, int64_t* accepted,
+              int64_t* out, int64_t* status, int64_t K, int64_t V) {
   init_stream();
   double* parts = sampler_parts<T>();
   const Request req = this_request(K, V);
-  token_wise_row(target, q, tokens, lens[req.b], row_sampling(temperature, top_k, top_p, req.b), u, accepted, out, req,
-                 parts);
+  token_wise_row(request_rows(target, q, point_mass, tokens, u, req), lens[req.b],
+                 row_sampling(temperature, top_k, top_p, req.b), accepted, out, status, req, parts);
 }
 
 // Block verification (reference/verify_block.py): p_i = min(1, p_{i-1} P_i(X_i) / Q_i(X_i)),
-// h_i = r_i / (r_i + 1 - p_i) with r_i = sum max(p_i P_{i+1} - Q_{i+1}, 0), h_L = p_L,
-// tau = max{i : u_i <= h_i}.
+// h_i = r_i / (r_i + 1 - p_i) with r_i = sum max(p_i P_{i+1} - Q_{i+1}, 0) (for a point mass
+// p_i (1 - P_{i+1}(X_{i+1})), without a pass over the row), h_L = p_L, tau = max{i : u_i <= h_i}.
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
-verify_block_kernel(const T* target, const float* q, const int64_t* tokens, const int64_t* lens,
-                    const float* temperature, const int64_t* top_k, const float* top_p, const float* u,
-                    int64_t* accepted, int64_t* out, int64_t K, int64_t V) {
+verify_block_kernel(const T* target, const float* q, const bool* point_mass, const int64_t* tokens,
+                    const int64_t* lens, const float* temperature, const int64_t* top_k, const float* top_p,
+                    const float* u, int64_t* accepted, int64_t* out, int64_t* status_out, int64_t K, int64_t V) {
   init_stream();
   double* parts = sampler_parts<T>();
   const Request req = this_request(K, V);
-  const int64_t b = req.b, len = lens[b];
-  const Sampling s = row_sampling(temperature, top_k, top_p, b);
+  const int64_t len = lens[req.b];
+  const Sampling s = row_sampling(temperature, top_k, top_p, req.b);
+  const Rows<T> r = request_rows(target, q, point_mass, tokens, u, req);
   if (s.temperature == 0.0f) {  // point masses: block and token-wise accept the same matching prefix
-    token_wise_row(target, q, tokens, len, s, u, accepted, out, req, parts);
+    token_wise_row(r, len, s, accepted, out, status_out, req, parts);
     return;
   }
-  const T* rows = target + b * (K + 1) * V;
+  Status status = check_row(r.tokens, len, K, V, r.u);
   double clipped = 1.0, clipped_tau = 1.0;  // p_j, and p_tau
-  int64_t tau = 0;
+  int64_t tau = 0, y = -1;
   RowDist d_tau{};  // row tau's distribution, once computed
-  for (int64_t j = 0; j < len; ++j) {  // row j holds P_{j+1}; X_{j+1} = tokens[j]
-    const RowDist d = row_dist(rows + j * V, V, req.s, s);
+  for (int64_t j = 0; j < len && status == kOk; ++j) {  // row j holds P_{j+1}; X_{j+1} = tokens[j]
+    const RowDist d = row_dist(r.target + j * V, V, req.s, s);
+    const int64_t x = r.tokens[j];
+    const float q_x = draft_prob(r.q, j, V, x), p_x = d.prob(r.target[j * V + x], x);
+    status = d.status != kOk ? d.status : isnan(q_x) ? kBadDraft : kOk;
+    if (status != kOk) break;
     if (j == 0) d_tau = d;
     if (j > 0) {
-      tile_sums(rows + j * V, q + (b * K + j) * V, req.s, d, static_cast<float>(clipped), parts);
-      const double r = weight_total(parts + req.s.tiles * kWarps, req.s, req.g).total, denominator = r + 1.0 - clipped;
-      if (static_cast<double>(u[b * (K + 1) + j - 1]) <= (denominator > 0.0 ? r / denominator : 1.0))
+      double residual = clipped * (1.0 - static_cast<double>(p_x));  // r_j of a point mass
+      if (r.q != nullptr) {
+        if (tile_sums(r.target + j * V, Draft{r.q + j * V, -1}, req.s, d, static_cast<float>(clipped), parts)) {
+          status = kBadDraft;
+          break;
+        }
+        residual = weight_total(parts + req.s.tiles * kWarps, req.s, req.g).total;
+      }
+      const double denominator = residual + 1.0 - clipped;
+      if (static_cast<double>(r.u[j - 1]) <= (denominator > 0.0 ? residual / denominator : 1.0))
         tau = j, clipped_tau = clipped, d_tau = d;
     }
-    const int64_t x = tokens[b * K + j];
-    const float q_x = q[(b * K + j) * V + x];
-    clipped = q_x > 0.0f ? fmin(1.0, clipped * d.prob(rows[j * V + x], x) / q_x) : 0.0;
+    clipped = q_x > 0.0f ? fmin(1.0, clipped * p_x / q_x) : 0.0;
   }
-  if (len > 0 && static_cast<double>(u[b * (K + 1) + len - 1]) <= clipped) tau = len, clipped_tau = clipped;
-  const int64_t y = stop_token(rows, q, u, req, tau, len, static_cast<float>(clipped_tau), s,
-                               tau < len ? &d_tau : nullptr, parts);
-  emit(tokens, accepted, out, req, tau, y);
+  if (status == kOk) {
+    if (len > 0 && static_cast<double>(r.u[len - 1]) <= clipped) tau = len, clipped_tau = clipped;
+    y = stop_token(r.target, r.q, r.tokens, r.u, req, tau, len, static_cast<float>(clipped_tau), s,
+                   tau < len ? &d_tau : nullptr, parts, &status);
+  }
+  emit(r.tokens, accepted, out, status_out, req, tau, y, status);
 }
 
 template <typename T>
@@ -685,8 +779,8 @@ draft_step_kernel(const T* logits, const float* temperature, const int64_t* top_
     x = argmax_row(row, req.s);
     for (int64_t i = req.s.lo + threadIdx.x; i < req.s.hi; i += kThreads) q[i] = i == x ? 1.0f : 0.0f;
   } else {
-    tile_sums(row, static_cast<const float*>(nullptr), req.s, d, 1.0f, parts);
-    x = sample_row(row, static_cast<const float*>(nullptr), req.s, d, false, 1.0f, parts,
+    tile_sums(row, Draft{nullptr, -1}, req.s, d, 1.0f, parts);
+    x = sample_row(row, Draft{nullptr, -1}, req.s, d, false, 1.0f, parts,
                    weight_total(parts, req.s, req.g), u[b]);
   }
   if (req.g.rank == 0 && threadIdx.x == 0) {
@@ -757,14 +851,15 @@ cudaError_t by_dtype(Dtype dtype, F launch) {
 
 }  // namespace
 
-cudaError_t verify(Dtype dtype, const void* target, const float* q, const int64_t* tokens, const int64_t* lens,
-                   const float* temperature, const int64_t* top_k, const float* top_p, const float* u,
-                   int64_t* accepted, int64_t* out, int64_t B, int64_t K, int64_t V, bool block, cudaStream_t stream) {
+cudaError_t verify(Dtype dtype, const void* target, const float* q, const bool* point_mass, const int64_t* tokens,
+                   const int64_t* lens, const float* temperature, const int64_t* top_k, const float* top_p,
+                   const float* u, int64_t* accepted, int64_t* out, int64_t* status, int64_t B, int64_t K, int64_t V,
+                   bool block, cudaStream_t stream) {
   if (B == 0) return cudaSuccess;
   return by_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     return launch(block ? verify_block_kernel<T> : verify_kernel<T>, B, V, stream, static_cast<const T*>(target), q,
-                  tokens, lens, temperature, top_k, top_p, u, accepted, out, K, V);
+                  point_mass, tokens, lens, temperature, top_k, top_p, u, accepted, out, status, K, V);
   });
 }
 

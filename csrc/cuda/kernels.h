@@ -10,12 +10,14 @@ namespace specdec::cuda {
 
 enum class Dtype { kFloat32, kBFloat16, kFloat16 };
 
-// target [B, K+1, V] (dtype), q [B, K, V] fp32, tokens [B, K], lens [B], temperature/top_p
-// [B] fp32, top_k [B] int64, u [B, K+1] fp32 -> accepted [B], out [B, K+1] int64.
+// target [B, K+1, V] (dtype), q [B, K, V] fp32 or nullptr (every row a point mass), point_mass
+// [B] bool, tokens [B, K], lens [B], temperature/top_p [B] fp32, top_k [B] int64, u [B, K+1] fp32
+// -> accepted [B], out [B, K+1], status [B] int64 (reference/verify.py STATUS).
 // Token-wise verification, or block verification if `block`.
-cudaError_t verify(Dtype dtype, const void* target, const float* q, const int64_t* tokens, const int64_t* lens,
-                   const float* temperature, const int64_t* top_k, const float* top_p, const float* u,
-                   int64_t* accepted, int64_t* out, int64_t B, int64_t K, int64_t V, bool block, cudaStream_t stream);
+cudaError_t verify(Dtype dtype, const void* target, const float* q, const bool* point_mass, const int64_t* tokens,
+                   const int64_t* lens, const float* temperature, const int64_t* top_k, const float* top_p,
+                   const float* u, int64_t* accepted, int64_t* out, int64_t* status, int64_t B, int64_t K, int64_t V,
+                   bool block, cudaStream_t stream);
 
 // logits [B, V] (dtype), sampling [B], u [B] -> tokens [B], probs [B, V], token_prob /
 // entropy / top1 [B] fp32.

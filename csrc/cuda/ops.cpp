@@ -1,6 +1,7 @@
 // torch-facing side of the CUDA kernels: the CUDA implementations of the ops whose schemas
-// specdec_fast/backends.py defines. Inputs are checked in Python (specdec_fast/ops.py);
-// here: contiguity and dtypes, the device guard, the current stream, the launch's error.
+// specdec_fast/kernels/registry.py defines. Shapes are checked in Python (specdec_fast/kernels/ops.py),
+// values by the kernels (a row's status); here: contiguity and dtypes, the device guard, the
+// current stream, the launch's error.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,26 +28,27 @@ void check_launch(cudaError_t error, const char* op) {
 }
 
 // Token-wise (block = false) or block verification of every row.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_rows(const specdec::VerifyInputs& in, bool block) {
-  at::Tensor accepted = at::empty({in.B}, in.tokens.options()), tokens = at::empty({in.B, in.K + 1}, in.tokens.options());
-  check_launch(k::verify(kernel_dtype(in.target), in.target.data_ptr(), in.q.data_ptr<float>(),
-                         in.tokens.data_ptr<int64_t>(), in.lens.data_ptr<int64_t>(), in.temperature.data_ptr<float>(),
-                         in.top_k.data_ptr<int64_t>(), in.top_p.data_ptr<float>(), in.uniforms.data_ptr<float>(),
-                         accepted.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(), in.B, in.K, in.V, block,
-                         c10::cuda::getCurrentCUDAStream()),
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_rows(const specdec::VerifyInputs& in, bool block) {
+  at::Tensor accepted = at::empty({in.B}, in.tokens.options()), tokens = at::empty({in.B, in.K + 1}, in.tokens.options()),
+             status = at::empty({in.B}, in.tokens.options());
+  check_launch(k::verify(kernel_dtype(in.target), in.target.data_ptr(), in.q.defined() ? in.q.data_ptr<float>() : nullptr,
+                         in.point_mass.data_ptr<bool>(), in.tokens.data_ptr<int64_t>(), in.lens.data_ptr<int64_t>(),
+                         in.temperature.data_ptr<float>(), in.top_k.data_ptr<int64_t>(), in.top_p.data_ptr<float>(),
+                         in.uniforms.data_ptr<float>(), accepted.data_ptr<int64_t>(), tokens.data_ptr<int64_t>(),
+                         status.data_ptr<int64_t>(), in.B, in.K, in.V, block, c10::cuda::getCurrentCUDAStream()),
                block ? "verify_block" : "verify");
-  return {accepted, tokens, accepted + 1};
+  return {accepted, tokens, accepted + 1, status};
 }
 
 template <bool kBlock>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> verify_cuda(
-    const at::Tensor& target_logits, const at::Tensor& draft_probs, const at::Tensor& draft_tokens,
-    const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k, const at::Tensor& top_p,
-    const at::Tensor& uniforms) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> verify_cuda(
+    const at::Tensor& target_logits, const std::optional<at::Tensor>& draft_probs, const at::Tensor& point_mass,
+    const at::Tensor& draft_tokens, const at::Tensor& draft_lens, const at::Tensor& temperature, const at::Tensor& top_k,
+    const at::Tensor& top_p, const at::Tensor& uniforms) {
   const c10::cuda::CUDAGuard guard(target_logits.device());
-  return verify_rows(
-      specdec::verify_inputs(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms),
-      kBlock);
+  return verify_rows(specdec::verify_inputs(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature,
+                                            top_k, top_p, uniforms),
+                     kBlock);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> draft_step_cuda(

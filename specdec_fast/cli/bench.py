@@ -33,7 +33,8 @@ def _bench(args) -> int:
 
 def _microbench(args) -> int:
     dtypes = [getattr(torch, name) for name in args.dtypes]
-    data = microbench.run(args.batches, args.lengths, args.vocabs, dtypes, args.repeats, args.device, _out(args, "microbench"))
+    data = microbench.run(args.batches, args.lengths, args.vocabs, dtypes, args.repeats, args.device, _out(args, "microbench"),
+                          args.drafts)
     print(microbench.table(data))
     return 0
 
@@ -116,6 +117,8 @@ def add_parsers(commands, common: argparse.ArgumentParser) -> None:
     micro.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="dtypes of the target logits")
     micro.add_argument("--repeats", type=int, default=5, help="timed repeats per cell (medians reported)")
     micro.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="tensors' device")
+    micro.add_argument("--drafts", nargs="+", default=list(microbench.DRAFTS), choices=microbench.DRAFTS,
+                       help="draft kinds: a model's q, or point masses (draft_probs=None)")
     micro.set_defaults(run=_microbench)
 
     pol = commands.add_parser("policies", parents=[results], help="draft-length policies x verifiers on the held-out prompts (benchmarks/policies.py)")

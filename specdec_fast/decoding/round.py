@@ -36,25 +36,37 @@ from .requests import Request, until_eos
 @dataclass
 class Drafts:
     """A round's drafts for B rows. tokens [B, k] int64 and probs [B, k, V] (the q each token was
-    drawn from), k = max(lens); lens: tokens drafted per row (ragged); passes: draft passes run;
-    first_logits [B, V]: the draft's logits at the first position (None if nothing was drafted)."""
+    drawn from; None when every row's tokens are point masses, a lookup's), k = max(lens);
+    lens: tokens drafted per row (ragged); passes: draft passes run; first_logits [B, V]: the
+    draft's logits at the first position (None if nothing was drafted); point_mass [B] bool: the
+    rows whose tokens are point masses (None if none are), whose probs rows are never read."""
 
     tokens: Tensor
-    probs: Tensor
+    probs: Tensor | None
     lens: list[int]
     passes: int = 0
     first_logits: Tensor | None = None
     withheld: bool = False  # the policy declined to verify the first drafted token
+    point_mass: Tensor | None = None
+
+    def dense_probs(self, vocab: int) -> Tensor:
+        """probs [B, k, V], with the point-mass rows one-hot (for callbacks that read q)."""
+        one_hot = torch.nn.functional.one_hot(self.tokens.clamp(min=0), vocab).float()
+        if self.probs is None:
+            return one_hot
+        if self.point_mass is None:
+            return self.probs
+        return torch.where(self.point_mass[:, None, None].to(self.probs.device), one_hot.to(self.probs.device), self.probs)
 
 
 @dataclass
 class Verified:
     """A round's verification: the target's logits [B, k + 1, V] over [last, X_1..X_k], the draft
-    probabilities [B, k, V] on the target's device, and the verifier's output; accepted and
-    tokens are its counts and emitted tokens read to the host."""
+    probabilities [B, k, V] on the target's device (None when every row's drafts are point masses),
+    and the verifier's output; accepted and tokens are its counts and emitted tokens read to the host."""
 
     target_logits: Tensor
-    draft_probs: Tensor
+    draft_probs: Tensor | None
     out: VerifyOutput
     accepted: list[int]
     tokens: list[list[int]]
@@ -104,10 +116,14 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
     lens becomes 0) or stop after any token. Stops when every row has stopped.
 
     A lookup draft (``plan_lengths``) sets each row's length once it has looked: at most what it
-    found, and for the rows a hybrid looks up for, up to len(uniforms[b]) whatever lens says."""
+    found, and for the rows a hybrid looks up for, up to len(uniforms[b]) whatever lens says. Its
+    ``point_mass_rows`` [B] bool says which rows' tokens are point masses; when all are,
+    ``planned(n)`` [B, n] gives the round's tokens at once: no draft step, no pass over the
+    vocabulary, no q (the policy is asked about the first token only: a fixed proposal tells it
+    nothing new token by token)."""
     budgets = [len(u) for u in uniforms]
     lens, width = list(lens), max(budgets, default=0)
-    tokens, probs, first_logits, passes, withheld = [], [], None, 0, False
+    tokens, probs, first_logits, passes, withheld, point_mass = [], [], None, 0, False, None
     u = padded(uniforms, width)
     if max(lens, default=0):
         seen = draft.lengths.tolist()
@@ -117,11 +133,13 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
         first_logits, passes = logits, 1
         if hasattr(draft, "plan_lengths"):
             lens = draft.plan_lengths(lens, budgets)
+            point_mass = draft.point_mass_rows if bool(draft.point_mass_rows.any()) else None
+            planned = draft.planned(max(lens, default=0)) if point_mass is not None and bool(point_mass.all()) else None
+            if planned is not None:
+                return looked_up_drafts(planned, lens, passes, first_logits, point_mass, eos, sampling, policy)
     width = max(lens, default=0)
     for i in range(width):
-        masses = getattr(draft, "point_masses", None)  # a lookup's tokens: q is their point mass, no pass over V
-        step = (point_mass_step(masses, logits.shape[-1]) if masses is not None
-                else draft_step(logits, sampling=sampling, uniforms=u[:, i].to(logits.device)))
+        step = draft_step(logits, sampling=sampling, uniforms=u[:, i].to(logits.device))
         if policy is not None and i == 0 and not policy.propose_first(step, float(sampling.temperature)):
             lens[0], withheld = 0, True
             break
@@ -138,9 +156,20 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
         passes += 1
     k = max(lens, default=0)
     if k:
-        return Drafts(torch.stack(tokens[:k], 1), torch.stack(probs[:k], 1), lens, passes, first_logits, withheld)
-    empty = torch.zeros(len(seqs), 0, dtype=torch.int64)
-    return Drafts(empty, torch.zeros(len(seqs), 0, 0), lens, passes, first_logits, withheld)
+        return Drafts(torch.stack(tokens[:k], 1), torch.stack(probs[:k], 1), lens, passes, first_logits, withheld, point_mass)
+    return Drafts(torch.zeros(len(seqs), 0, dtype=torch.int64), None, lens, passes, first_logits, withheld)
+
+
+def looked_up_drafts(planned: Tensor, lens: list[int], passes: int, first_logits: Tensor, point_mass: Tensor,
+                     eos: set[int], sampling: SamplingParams, policy: DraftPolicy | None) -> Drafts:
+    """The Drafts of a round whose every row is looked up: ``planned`` [B, max(lens)] cut at each
+    row's length and first EOS; ``policy`` may withhold the first token."""
+    withheld = False
+    if policy is not None and lens[0] and not policy.propose_first(point_mass_step(planned[:, 0]), float(sampling.temperature)):
+        lens[0], withheld = 0, True
+    for b, row in enumerate(planned.tolist()):
+        lens[b] = next((i + 1 for i, token in enumerate(row[: lens[b]]) if token in eos), lens[b])
+    return Drafts(planned[:, : max(lens, default=0)], None, lens, passes, first_logits, withheld, point_mass)
 
 
 def chain_feed(seqs: list[Request], drafts: Drafts) -> Tensor:
@@ -158,9 +187,10 @@ def verify_drafts(target_logits: Tensor, drafts: Drafts, verify_uniforms: list[T
     k = k_plus_1 - 1
     uniforms = padded([u[:n] for u, n in zip(verify_uniforms, drafts.lens)], k + 1)
     uniforms[:, k] = torch.stack([u[n] for u, n in zip(verify_uniforms, drafts.lens)])
-    q = drafts.probs.to(device) if k else torch.zeros(batch, 0, vocab, device=device)
-    out = verify(target_logits, q, drafts.tokens.to(device), torch.tensor(drafts.lens, device=device), sampling=sampling,
-                 uniforms=uniforms.to(device), verifier=verifier)
+    q = drafts.probs.to(device) if drafts.probs is not None else None
+    point_mass = drafts.point_mass.to(device) if q is not None and drafts.point_mass is not None else None
+    out = verify(target_logits, q, drafts.tokens.to(device), torch.tensor(drafts.lens, device=device),
+                 point_mass=point_mass, sampling=sampling, uniforms=uniforms.to(device), verifier=verifier)
     # The round's one host sync: the loop needs the emitted tokens to go on.
     return Verified(target_logits, q, out, out.num_accepted.tolist(), out.tokens.tolist())
 

@@ -115,7 +115,8 @@ def fast_generate(
         drafts, verified, emitted = r.drafts, r.verified, r.committed[0]
         policy.observe(drafts.lens[0], verified.accepted[0], r.draft_s, r.target_s)
         if on_round is not None:
-            on_round(verified.target_logits[0], verified.draft_probs[0], drafts.tokens[0], verified.out)
+            on_round(verified.target_logits[0], drafts.dense_probs(verified.target_logits.shape[-1])[0], drafts.tokens[0],
+                     verified.out)
         if streamer is not None:
             streamer.put(torch.tensor(emitted))
         if emitted[-1] in eos:

@@ -64,9 +64,13 @@ class HybridLM:
                 for n, cap, a, used in zip(lens, budgets, self.lookup.proposal_lengths, self.looked_up.tolist())]
 
     @property
-    def point_masses(self) -> Tensor | None:
-        """[B]: the tokens of the last extend when every row is looked up (point masses), else None."""
-        return self.lookup.point_masses if bool(self.looked_up.all()) else None
+    def point_mass_rows(self) -> Tensor:
+        """[B] bool: the rows looked up this round, whose drafts are point masses."""
+        return self.looked_up
+
+    def planned(self, width: int) -> Tensor:
+        """[B, width]: the round's proposals at once, when every row is looked up (see LookupLM.planned)."""
+        return self.lookup.planned(width)
 
     def begin_round(self) -> None:
         self.lookup.begin_round()

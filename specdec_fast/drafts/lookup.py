@@ -9,9 +9,11 @@ it, so it is accepted with probability p(x) and a rejection resamples from p wit
 which keeps the output exactly the target's.
 
 :class:`LookupLM` is its cache for the loops (:class:`~specdec_fast.models.batched_lm.BatchedCachedLM`
-of B rows). Its logits are 0 at the proposed token and -inf elsewhere, so the draft step samples
-the proposal at any temperature, top-k or top-p; ``proposal_lengths`` tells the round how many
-tokens each row has to offer.
+of B rows). ``proposal_lengths`` tells the round how many tokens each row has to offer, and
+``planned`` hands them over at once: the verifier takes them as point masses (``draft_probs=None``),
+so a lookup round runs no draft step. Its logits (0 at the proposed token, -inf elsewhere, so a
+draft step samples the proposal at any temperature, top-k or top-p) serve the rounds of a
+:class:`~specdec_fast.drafts.hybrid.HybridLM` that mix looked-up and modelled rows.
 """
 
 from __future__ import annotations
@@ -63,16 +65,27 @@ class LookupLM:
         self.proposal_lengths = torch.zeros(self.batch, dtype=torch.int64)
         self.matched = torch.zeros(self.batch, dtype=torch.int64)  # the suffix length each proposal continues
         self.step = None  # the plan's token the next extend answers with; -1: commit and propose first; None: no round
-        self.point_masses = None  # [B]: the tokens the last extend's logits are point masses on (the round's draft step)
 
     @property
     def lengths(self) -> Tensor:
         """[B] int64: tokens of each row held (committed and drafted)."""
         return self.index.lengths.clone()
 
+    @property
+    def point_mass_rows(self) -> Tensor:
+        """[B] bool: the rows whose drafts are point masses (all of a lookup's)."""
+        return torch.ones(self.batch, dtype=torch.bool)
+
     def plan_lengths(self, lens: list[int], budgets: list[int]) -> list[int]:
         """The round's draft lengths once the lookup has looked: at most what each row found."""
         return [min(n, int(a)) for n, a in zip(lens, self.proposal_lengths)]
+
+    def planned(self, width: int) -> Tensor:
+        """[B, width] int64: the round's proposals at once (after the round's first extend), 0 past a
+        row's count (never verified), on the device the verifier runs on. The rows' caches are not
+        fed the drafted tokens: the next round's first extend feeds the committed ones."""
+        self.step = None
+        return self.plan[:, :width].clamp(min=0).to(self.device)
 
     def begin_round(self) -> None:
         """The next :meth:`extend` feeds committed tokens only (a round's first): index them and
@@ -86,18 +99,16 @@ class LookupLM:
         through the proposal), the other columns zeros (a lookup has no distribution there)."""
         tokens, fed = tokens.cpu(), fed.cpu()
         for b in range(tokens.shape[0]):
-            self.index.append(b, tokens[b][fed[b]].tolist())
+            self.index.append(b, tokens[b] if bool(fed[b].all()) else tokens[b][fed[b]])
         if self.step == -1:
             self.index.commit()
             self.plan, self.proposal_lengths, self.matched = self.index.propose(self.draft.max_tokens, self.draft.min_n)
             self.step = 0
         wanted = self.plan[:, min(self.step or 0, self.plan.shape[1] - 1)].clamp(min=0)  # past a proposal: token 0, never verified
         self.step = None if self.step is None else self.step + 1
-        self.point_masses = wanted.to(self.device)
-        logits = torch.zeros(tokens.shape[0], num_logits, self.vocab_size)  # built on the CPU, moved once
-        last = logits[:, -1]
-        last.fill_(float("-inf"))
-        last[torch.arange(len(wanted)), wanted] = 0.0
+        logits = torch.full((tokens.shape[0], num_logits, self.vocab_size), float("-inf"))  # built on the CPU, moved once
+        logits[:, :-1] = 0.0
+        logits[:, -1].scatter_(-1, wanted[:, None], 0.0)
         return logits.to(self.device)
 
     def keep(self, lengths: Tensor) -> None:

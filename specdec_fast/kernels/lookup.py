@@ -51,14 +51,15 @@ class LookupIndex:
         self.keys = torch.zeros(batch, capacity, dtype=torch.int64)
         self.next = torch.zeros(batch, capacity, dtype=torch.int64)
 
-    def append(self, row: int, tokens: list[int]) -> None:
-        """Add ``tokens`` to sequence ``row`` (not yet to the index: see :meth:`commit`)."""
-        end = int(self.lengths[row]) + len(tokens)
+    def append(self, row: int, tokens: list[int] | Tensor) -> None:
+        """Add ``tokens`` (a list or an int64 tensor) to sequence ``row`` (not yet to the index: see :meth:`commit`)."""
+        start = int(self.lengths[row])
+        end = start + len(tokens)
         if end > self.tokens.shape[1]:
             grown = torch.zeros(self.tokens.shape[0], max(end, 2 * self.tokens.shape[1]), dtype=torch.int64)
             grown[:, : self.tokens.shape[1]] = self.tokens
             self.tokens = grown
-        self.tokens[row, int(self.lengths[row]): end] = torch.tensor(tokens, dtype=torch.int64)
+        self.tokens[row, start:end] = torch.as_tensor(tokens, dtype=torch.int64)
         self.lengths[row] = end
 
     def truncate(self, lengths: Tensor) -> None:

@@ -19,8 +19,8 @@ import torch
 from .philox import philox_uniforms
 from .reference import draft_step_reference, verify_block_reference, verify_reference
 
-VERIFY_SCHEMA = ("(Tensor target_logits, Tensor draft_probs, Tensor draft_tokens, Tensor draft_lens, "
-                 "Tensor temperature, Tensor top_k, Tensor top_p, Tensor uniforms) -> (Tensor, Tensor, Tensor)")
+VERIFY_SCHEMA = ("(Tensor target_logits, Tensor? draft_probs, Tensor point_mass, Tensor draft_tokens, Tensor draft_lens, "
+                 "Tensor temperature, Tensor top_k, Tensor top_p, Tensor uniforms) -> (Tensor, Tensor, Tensor, Tensor)")
 SCHEMAS = {
     "verify": VERIFY_SCHEMA,  # token-wise
     "verify_block": VERIFY_SCHEMA,  # block verification
@@ -45,10 +45,11 @@ _LIBRARY.define("lookup_propose(Tensor tokens, Tensor lengths, Tensor keys, Tens
                 "-> (Tensor, Tensor, Tensor)")
 
 
-def _fake_verify(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms):
+def _fake_verify(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms):
     batch, k_plus_1 = target_logits.shape[:2]
     longs = dict(dtype=torch.int64, device=target_logits.device)
-    return torch.empty(batch, **longs), torch.empty(batch, k_plus_1, **longs), torch.empty(batch, **longs)
+    return (torch.empty(batch, **longs), torch.empty(batch, k_plus_1, **longs), torch.empty(batch, **longs),
+            torch.empty(batch, **longs))
 
 
 def _fake_draft_step(logits, temperature, top_k, top_p, uniforms):

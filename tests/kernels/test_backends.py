@@ -185,8 +185,10 @@ def test_opcheck_registered_ops(backend, device):
     logits, q, x, lens, u = to(device, *make_inputs(3, 4, 97, torch.float32, 1))
     sampling = per_row("mixed", 3)["sampling"].as_tensors(3, device)
     ops = torch.ops.specdec_fast
-    torch.library.opcheck(getattr(ops, prefix + "verify").default, (logits, q, x, lens, *sampling, u))
-    torch.library.opcheck(getattr(ops, prefix + "verify_block").default, (logits, q, x, lens, *sampling, u))
+    mixed = torch.tensor([True, False, True], device=device)
+    for name in ("verify", "verify_block"):
+        torch.library.opcheck(getattr(ops, prefix + name).default, (logits, q, mixed, x, lens, *sampling, u))
+        torch.library.opcheck(getattr(ops, prefix + name).default, (logits, None, mixed | True, x, lens, *sampling, u))
     torch.library.opcheck(getattr(ops, prefix + "draft_step").default, (logits[:, 0], *sampling, u[:, 0]))
     seed = torch.arange(3, device=device)
     torch.library.opcheck(getattr(ops, prefix + "philox_uniforms").default, (seed, seed * 7, 5))
@@ -205,7 +207,7 @@ def test_ops_trace_under_torch_compile(backend, device):
         return verify_op(*args)[0] + 1
 
     compiled = torch.compile(accepted_plus_one, fullgraph=True, backend="aot_eager")
-    args = (logits, q, x, lens, *sampling, u)
+    args = (logits, q, torch.zeros(2, dtype=torch.bool, device=device), x, lens, *sampling, u)
     assert torch.equal(compiled(*args), accepted_plus_one(*args))
 
 

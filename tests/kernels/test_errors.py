@@ -8,6 +8,8 @@ import torch
 from specdec_fast import draft_step, verify
 from specdec_fast.kernels import SamplingParams
 
+from helpers.backends import kernel_params
+
 B, K, V = 2, 3, 10
 
 
@@ -20,8 +22,9 @@ def inputs():
 
 
 def with_nan(t):
+    """A NaN in the first row of request 0: every verifier reads it."""
     t = t.clone()
-    t[0, 1, 2] = float("nan")
+    t[0, 0, 2] = float("nan")
     return t
 
 
@@ -99,3 +102,42 @@ def test_target_probs_checked():
 def test_draft_step_rejects(logits, kwargs, message):
     with pytest.raises(ValueError, match=message):
         draft_step(logits, **with_sampling(kwargs))
+
+
+VALUE_ERRORS = {  # a bad value in rows every verifier reads: every backend's kernel raises the same error
+    "NaN": (lambda t, q, x, u, n: (with_nan(t), q, x, u, n), "target contains NaN"),
+    "+inf": (lambda t, q, x, u, n: (t.index_fill(2, torch.tensor([1]), float("inf")), q, x, u, n), r"target contains \+inf"),
+    "-inf": (lambda t, q, x, u, n: (torch.full_like(t, float("-inf")), q, x, u, n), "every logit is -inf"),
+    "token": (lambda t, q, x, u, n: (t, q, x + V, u, n), r"outside \[0, V\)"),
+    "draft": (lambda t, q, x, u, n: (t, -q, x, u, n), "draft_probs must hold finite non-negative probabilities"),
+    "length": (lambda t, q, x, u, n: (t, q, x, u, torch.tensor([0, K + 1])), r"draft_lens must lie in \[0, K\]"),
+    "uniform": (lambda t, q, x, u, n: (t, q, x, torch.zeros_like(u), n), r"uniforms must lie in \(0, 1\]"),
+}
+
+
+@pytest.mark.parametrize("backend,device", [pytest.param("torch", "cpu", id="torch-cpu"), *kernel_params()])
+@pytest.mark.parametrize("rule", ["token", "block"])
+@pytest.mark.parametrize("sampling", [SamplingParams(1.0), SamplingParams(0.0), SamplingParams(0.8, top_k=3, top_p=0.9)])
+@pytest.mark.parametrize("case", list(VALUE_ERRORS))
+def test_kernels_check_the_values_they_read(backend, device, rule, sampling, case):
+    """The values are checked inside the kernels (the row's status), with the reference's message."""
+    change, message = VALUE_ERRORS[case]
+    t, q, x = inputs()
+    t, q, x, u, lens = change(t, q, x, 1 - torch.rand(B, K + 1), torch.tensor([K, K]))
+    with pytest.raises(ValueError, match=message):
+        verify(t.to(device), q.to(device), x.to(device), lens.to(device), uniforms=u.to(device), sampling=sampling,
+               verifier=rule, backend=backend)
+
+
+@pytest.mark.parametrize("backend,device", kernel_params())
+def test_rows_past_the_stop_are_not_checked(backend, device):
+    """Documented: a kernel checks the rows it reads. A NaN in the target's last row when the first
+    draft token is rejected changes nothing the call returns, and only the reference (which checks
+    every row a verifier could read) raises."""
+    t, q, x = inputs()
+    t[:, 0, x[:, 0]] = float("-inf")  # p_1(X_1) = 0: every row stops at its first token
+    t[:, K, 0] = float("nan")
+    out = verify(t.to(device), q.to(device), x.to(device), uniforms=torch.full((B, K + 1), 0.5, device=device), backend=backend)
+    assert out.num_accepted.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="target contains NaN"):
+        verify(t, q, x, uniforms=torch.full((B, K + 1), 0.5), backend="torch")

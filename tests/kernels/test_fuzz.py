@@ -99,8 +99,10 @@ def test_fuzz_verify_and_draft_step(backend, device):
 @settings(max_examples=20, deadline=None, derandomize=True, database=None)
 @given(batch=st.integers(1, 3), k=st.integers(1, 3), vocab=st.integers(2, 500), where=st.integers(0, 10**9))
 def test_nan_raises(backend, device, batch, k, vocab, where):
-    """A NaN anywhere in the target logits, the draft probabilities or draft_step's logits is an error."""
-    def with_nan(t: torch.Tensor) -> torch.Tensor:
+    """A NaN in a row the verifier reads is an error: anywhere in the target when every draft is
+    accepted (all K + 1 rows read), at a drafted token's draft probability, anywhere in the draft
+    row a rejection resamples from; and anywhere in draft_step's logits."""
+    def with_nan(t: torch.Tensor, where: int = where) -> torch.Tensor:
         t = t.clone()
         t.view(-1)[where % t.numel()] = float("nan")
         return t.to(device)
@@ -108,8 +110,15 @@ def test_nan_raises(backend, device, batch, k, vocab, where):
     target, logits = torch.randn(batch, k + 1, vocab), torch.randn(batch, vocab)
     q = torch.softmax(torch.randn(batch, k, vocab), -1)
     x = torch.zeros(batch, k, dtype=torch.int64, device=device)
-    for args in ((with_nan(target), q.to(device), x), (target.to(device), with_nan(q), x)):
+    accept_all = torch.full((batch, k + 1), 1e-30, device=device)
+    drafted_entry = (where % (batch * k)) * vocab  # q[b, i, X_i = 0]
+    rejected_at_0 = target.clone()
+    rejected_at_0[:, 0, 0] = float("-inf")  # p_1(X_1) = 0: row 0 is rejected and resampled from max(p - q, 0)
+    row_0 = (where % batch) * k * vocab + where % vocab  # anywhere in q[b, 0]
+    for args, u in (((with_nan(target), q.to(device), x), accept_all),
+                    ((target.to(device), with_nan(q, drafted_entry), x), accept_all),
+                    ((rejected_at_0.to(device), with_nan(q, row_0), x), torch.ones(batch, k + 1, device=device))):
         with pytest.raises(ValueError, match="NaN"):
-            verify(*args, seed=0, backend=backend)
+            verify(*args, uniforms=u, backend=backend)
     with pytest.raises(ValueError, match="NaN"):
         draft_step(with_nan(logits), seed=0, backend=backend)

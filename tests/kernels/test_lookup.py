@@ -65,10 +65,14 @@ def test_bad_tables_are_refused():
 
 @pytest.mark.parametrize("sampling", [SamplingParams(1.0), SamplingParams(0.7, top_k=3, top_p=0.8), SamplingParams(0.0)])
 def test_a_point_mass_step_is_the_draft_step_of_its_logits(sampling):
-    """What a lookup's round uses instead of draft_step: the same tokens, q, q(token), entropy and top-1."""
+    """What a lookup's round uses instead of draft_step: the same tokens, q(token), entropy and top-1;
+    q itself is not materialised (the draft step's q is the one-hot the verifier assumes)."""
     tokens = torch.tensor([4, 0, 99])
     logits = torch.full((3, 100), float("-inf"))
     logits[torch.arange(3), tokens] = 0.0
     expected = draft_step(logits, sampling=sampling, seed=0)
-    for got, want in zip(point_mass_step(tokens, 100), expected):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    got = point_mass_step(tokens)
+    assert got.probs is None
+    torch.testing.assert_close(expected.probs, torch.nn.functional.one_hot(tokens, 100).float(), rtol=0, atol=0)
+    for name in ("tokens", "token_prob", "entropy", "top1_prob"):
+        torch.testing.assert_close(getattr(got, name), getattr(expected, name), rtol=0, atol=1e-6)

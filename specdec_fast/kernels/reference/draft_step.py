@@ -14,7 +14,8 @@ class DraftStepOutput(NamedTuple):
     """Result of one draft step for a batch of B rows.
 
     tokens [B] int64: the sampled token X ~ q;
-    probs [B, V] fp32: q, the warped distribution X was drawn from (what verify needs);
+    probs [B, V] fp32: q, the warped distribution X was drawn from (what verify needs; None from
+        ``point_mass_step``, whose q is the point mass on X);
     token_prob [B] fp32: q(X);
     entropy [B] fp32: H(q) in nats;
     top1_prob [B] fp32: max_x q(x).
@@ -25,7 +26,7 @@ class DraftStepOutput(NamedTuple):
     """
 
     tokens: Tensor
-    probs: Tensor
+    probs: Tensor | None
     token_prob: Tensor
     entropy: Tensor
     top1_prob: Tensor

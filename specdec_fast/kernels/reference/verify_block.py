@@ -10,6 +10,11 @@ draft distributions at position i (P_{L+1} the bonus position):
     emit X_1..X_tau, then Y ~ P_{L+1} if tau = L,
     else Y ~ norm(max(p_tau P_{tau+1} - Q_{tau+1}, 0)), or P_{tau+1} if that has no mass.
 
+A point-mass row (Q_i = one-hot(X_i)): p_i = p_{i-1} P_i(X_i), the product of the target's
+probabilities of the drafted prefix, and r_i = p_i (1 - P_{i+1}(X_{i+1})) = p_i - p_{i+1} in
+closed form (no pass over the vocabulary), so h_i = (p_i - p_{i+1}) / (1 - p_{i+1}); the
+residual at the stop is p_tau P_{tau+1} with X_{tau+1} removed (docs/design.md).
+
 p_i, r_i and h_i are computed in float64 from the fp32 probabilities. Greedy rows (point
 masses) accept the matching prefix, exactly as token-wise verification does.
 """
@@ -20,24 +25,28 @@ import torch
 from torch import Tensor
 
 from ..sampling import sample_inverse_cdf
-from .verify import RESIDUAL_EPS, VerifyOutput, emitted_tokens, warped_target
+from .verify import RESIDUAL_EPS, emitted_tokens, verified_inputs
 
 
 def verify_block_reference(
     target_logits: Tensor,  # [B, K+1, V]
-    draft_probs: Tensor,  # [B, K, V]
+    draft_probs: Tensor | None,  # [B, K, V]; None: every row a point mass
+    point_mass: Tensor,  # [B] bool
     draft_tokens: Tensor,  # [B, K] int64
     draft_lens: Tensor,  # [B] int64 in [0, K]
     temperature: Tensor,  # [B]
     top_k: Tensor,  # [B]
     top_p: Tensor,  # [B]
     uniforms: Tensor,  # [B, K+1] in (0, 1]: u_1..u_K, then one for the emitted sample
-) -> VerifyOutput:
-    p, drafted, p_x, q_x = warped_target(target_logits, draft_probs, draft_tokens, draft_lens, temperature, top_k, top_p)
-    p_x, q_x, q = p_x.double(), q_x.double(), draft_probs
-    batch, k = draft_tokens.shape
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Returns (num_accepted [B], tokens [B, K+1], num_emitted [B], status [B]), as verify_reference."""
+    v = verified_inputs(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature, top_k, top_p,
+                        uniforms)
+    p, q, lens = v.p, v.q, v.lens
+    p_x, q_x = v.p_x.double(), v.q_x.double()
+    batch, k = v.tokens.shape
     rows = torch.arange(batch, device=target_logits.device)
-    ratio = torch.where(drafted & (q_x > 0), p_x / q_x.clamp_min(1e-300), 0.0)
+    ratio = torch.where(v.drafted & (q_x > 0), p_x / q_x.clamp_min(1e-300), 0.0)
     survival = [torch.ones(batch, dtype=torch.float64, device=rows.device)]  # p_0..p_K
     for i in range(k):
         survival.append((survival[-1] * ratio[:, i]).clamp(max=1.0))
@@ -47,18 +56,18 @@ def verify_block_reference(
     h = torch.zeros(batch, k, dtype=torch.float64, device=rows.device)
     if k > 1:
         r = (clipped[:, 1:k, None] * p[:, 1:k].double() - q[:, 1:k].double()).clamp_min(0.0).sum(-1)  # [B, K-1]
+        r = torch.where(point_mass[:, None], clipped[:, 1:k] * (1.0 - p_x[:, 1:k]), r)
         denominator = r + 1.0 - clipped[:, 1:k]
         h[:, : k - 1] = torch.where(denominator > 0, r / denominator.clamp_min(1e-300), 1.0)
     positions = torch.arange(1, k + 1, device=rows.device)[None, :]  # i = 1..K
-    h = torch.where(positions == draft_lens[:, None], clipped[:, 1:], h)  # h_L = p_L
-    hit = (positions <= draft_lens[:, None]) & (uniforms[:, :k].double() <= h)
+    h = torch.where(positions == lens[:, None], clipped[:, 1:], h)  # h_L = p_L
+    hit = (positions <= lens[:, None]) & (uniforms[:, :k].double() <= h)
     tau = (hit * positions).amax(-1) if k else torch.zeros(batch, dtype=torch.int64, device=rows.device)
 
     p_tau = clipped[rows, tau]
-    stop = tau < draft_lens
+    stop = tau < lens
     q_next = q[rows, tau.clamp(max=k - 1)].double() * stop[:, None] if k else torch.zeros_like(p[:, 0], dtype=torch.float64)
     residual = (p_tau[:, None] * p[rows, tau].double() - q_next).clamp_min(0.0)
     residual = torch.where(stop[:, None] & (residual.sum(-1, keepdim=True) > RESIDUAL_EPS), residual, p[rows, tau].double())
     y = sample_inverse_cdf(residual, uniforms[:, k])
-
-    return VerifyOutput(tau, emitted_tokens(draft_tokens, tau, y), tau + 1)
+    return tau, emitted_tokens(v.tokens, tau, y), tau + 1, v.status
