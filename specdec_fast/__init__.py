@@ -21,7 +21,7 @@ from .decoding import (
     warmup,
 )
 from .decoding.requests import chat_prompt_ids
-from .drafts import FeatureDraft, load_feature_models
+from .drafts import FeatureDraft, Hybrid, LookupCorpus, PromptLookup, load_feature_models
 from .kernels import SamplingParams, draft_step, verify
 from .models import CachedLM, load_smollm2
 from .policies import FixedDraftLength, MDPState, SpeculativePolicy, default_policy
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchGenerationOutput", "CachedLM", "FeatureDraft", "FixedDraftLength", "GenerationOutput", "GenerationStats",
-    "MDPState", "ProductionSpeculativeDecoder", "SamplingParams", "SpeculativeDecoder", "SpeculativePolicy",
+    "Hybrid", "LookupCorpus", "MDPState", "ProductionSpeculativeDecoder", "PromptLookup", "SamplingParams", "SpeculativeDecoder", "SpeculativePolicy",
     "batch_generate", "chat_prompt_ids", "default_policy", "draft_step", "fast_generate", "generate_autoregressive",
     "load_feature_models", "load_smollm2", "verify", "warmup",
 ]

@@ -46,10 +46,11 @@ inline void lookup_add(const LookupTable& t, const int64_t* tokens, int64_t from
 }
 
 // Up to k tokens continuing the longest suffix (n from max_n down to min_n) of tokens[0..length)
-// seen before; writes them to out and returns how many (0: no match), and the suffix length
+// seen before in `source[0..source_length)`, the sequence the table indexes (the sequence itself,
+// or a corpus); writes them to out and returns how many (0: no match), and the suffix length
 // matched to *matched.
-inline int64_t lookup_propose(const LookupTable& t, const int64_t* tokens, int64_t length, int min_n, int max_n,
-                              int64_t k, int64_t* out, int64_t* matched) {
+inline int64_t lookup_propose(const LookupTable& t, const int64_t* tokens, int64_t length, const int64_t* source,
+                              int64_t source_length, int min_n, int max_n, int64_t k, int64_t* out, int64_t* matched) {
   *matched = 0;
   for (int n = max_n < length ? max_n : static_cast<int>(length); n >= min_n && n >= 1; --n) {
     const uint64_t key = ngram_key(tokens, length, n);
@@ -57,7 +58,7 @@ inline int64_t lookup_propose(const LookupTable& t, const int64_t* tokens, int64
     if (t.keys[slot] != key) continue;
     const int64_t start = t.next[slot];
     int64_t count = 0;
-    for (; count < k && start + count < length; ++count) out[count] = tokens[start + count];
+    for (; count < k && start + count < source_length; ++count) out[count] = source[start + count];
     *matched = n;
     return count;
   }

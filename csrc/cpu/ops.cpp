@@ -246,22 +246,43 @@ void lookup_add_cpu(const at::Tensor& tokens, const at::Tensor& from, const at::
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> lookup_propose_cpu(const at::Tensor& tokens, const at::Tensor& lengths,
-                                                                  at::Tensor keys, at::Tensor next, int64_t min_n,
-                                                                  int64_t max_n, int64_t k) {
-  check_lookup(tokens, keys, next, max_n);
-  const at::Tensor len = lengths.to(at::kLong).contiguous();
-  const int64_t B = tokens.size(0), H = tokens.size(1);
+// Proposals for B query sequences (tokens [B, H], lengths [B]) from the tables keys, next
+// [T, C] over source [T, S] (source_lengths [T]): row b reads table and source b, or the one
+// shared table and source when T = 1 and B > 1 (a corpus).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> propose_from(const at::Tensor& tokens, const at::Tensor& lengths,
+                                                            const at::Tensor& source, const at::Tensor& source_lengths,
+                                                            at::Tensor keys, at::Tensor next, int64_t min_n, int64_t max_n,
+                                                            int64_t k) {
+  check_lookup(source, keys, next, max_n);
+  TORCH_CHECK(tokens.dim() == 2 && tokens.scalar_type() == at::kLong && tokens.is_contiguous(), "lookup: tokens [B, H] int64");
+  const at::Tensor len = lengths.to(at::kLong).contiguous(), source_len = source_lengths.to(at::kLong).contiguous();
+  const int64_t B = tokens.size(0), H = tokens.size(1), T = source.size(0), S = source.size(1);
+  TORCH_CHECK(T == B || T == 1, "lookup: one table per sequence, or one shared table");
   at::Tensor out = at::full({B, k}, -1, tokens.options()), count = at::zeros({B}, tokens.options()),
              matched = at::zeros({B}, tokens.options());
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = len.data_ptr<int64_t>()[b];
+    const int64_t n = len.data_ptr<int64_t>()[b], t = T == 1 ? 0 : b, m = source_len.data_ptr<int64_t>()[t];
     TORCH_CHECK(0 <= n && n <= H, "lookup_propose: row ", b, " has length ", n, " of ", H);
-    count.data_ptr<int64_t>()[b] = specdec::lookup_propose(lookup_table(keys, next, b), tokens.data_ptr<int64_t>() + b * H, n,
-                                                           static_cast<int>(min_n), static_cast<int>(max_n), k,
-                                                           out.data_ptr<int64_t>() + b * k, matched.data_ptr<int64_t>() + b);
+    TORCH_CHECK(0 <= m && m <= S, "lookup_propose: source ", t, " has length ", m, " of ", S);
+    count.data_ptr<int64_t>()[b] = specdec::lookup_propose(
+        lookup_table(keys, next, t), tokens.data_ptr<int64_t>() + b * H, n, source.data_ptr<int64_t>() + t * S, m,
+        static_cast<int>(min_n), static_cast<int>(max_n), k, out.data_ptr<int64_t>() + b * k, matched.data_ptr<int64_t>() + b);
   }
   return {out, count, matched};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lookup_propose_cpu(const at::Tensor& tokens, const at::Tensor& lengths,
+                                                                  at::Tensor keys, at::Tensor next, int64_t min_n,
+                                                                  int64_t max_n, int64_t k) {
+  return propose_from(tokens, lengths, tokens, lengths, keys, next, min_n, max_n, k);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lookup_propose_in_cpu(const at::Tensor& tokens, const at::Tensor& lengths,
+                                                                     const at::Tensor& source, const at::Tensor& source_length,
+                                                                     at::Tensor keys, at::Tensor next, int64_t min_n,
+                                                                     int64_t max_n, int64_t k) {
+  TORCH_CHECK(source.size(0) == 1, "lookup_propose_in: one shared source [1, S]");
+  return propose_from(tokens, lengths, source, source_length, keys, next, min_n, max_n, k);
 }
 
 }  // namespace
@@ -276,4 +297,5 @@ TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
   m.impl("decoder_pass", &decoder_pass_cpu);
   m.impl("lookup_add", &lookup_add_cpu);
   m.impl("lookup_propose", &lookup_propose_cpu);
+  m.impl("lookup_propose_in", &lookup_propose_in_cpu);
 }

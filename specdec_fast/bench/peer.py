@@ -74,14 +74,20 @@ def gguf_file(checkpoint: Path, outtype: str) -> Path:
 
 
 class LlamaCppPeer:
-    """One GGUF in llama.cpp with ``threads`` threads: timed passes over a cached prefix and greedy
-    decoding of token ids (the same ids our tokenizer makes)."""
+    """One GGUF in llama.cpp with ``threads`` threads: timed passes over a cached prefix, greedy
+    decoding of token ids (the same ids our tokenizer makes), and llama-cpp-python's generation
+    loop, with its prompt-lookup drafting when ``lookup_tokens`` > 0 (``LlamaPromptLookupDecoding``:
+    the target samples at every drafted position and keeps the drafts while its samples match
+    them, which is exact for fixed proposals)."""
 
-    def __init__(self, gguf: Path, threads: int, context: int = 2048):
+    def __init__(self, gguf: Path, threads: int, context: int = 2048, lookup_tokens: int = 0):
         import llama_cpp  # optional: the [peer] extra
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
         self._llama_cpp = llama_cpp
-        self.llm = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context, verbose=False)
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
+        self.llm = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context, verbose=False,
+                                   draft_model=draft)
 
     def hold(self, ids: list[int]) -> None:
         """Fill the cache with ``ids``."""
@@ -107,6 +113,18 @@ class LlamaCppPeer:
             new.append(int(self._last_logits().argmax()))
             self.llm.eval(new[-1:])
         return new, time.perf_counter() - start
+
+    def generate(self, ids: list[int], max_new_tokens: int, temperature: float, seed: int = 0) -> list[int]:
+        """Up to ``max_new_tokens`` tokens after ``ids`` by llama-cpp-python's loop: greedy at
+        temperature 0, else plain sampling at ``temperature`` (no top-k, top-p, min-p or penalty)."""
+        self.llm.set_seed(seed)
+        sampling = dict(temp=temperature, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0)
+        new = []
+        for token in self.llm.generate(ids, reset=True, **sampling):
+            new.append(int(token))
+            if len(new) == max_new_tokens:
+                break
+        return new
 
     def _last_logits(self) -> np.ndarray:
         """The logits [V] of the last token evaluated (llama.cpp keeps only those without logits_all)."""

@@ -1,8 +1,9 @@
 """The workload benchmark (``specdec-fast bench --workload``): by prompt category (open chat,
 grounded, multi-turn; held-out prompts of :mod:`specdec_fast.data.workload`) and temperature,
-side by side in one run: transformers' ``generate``, its prompt lookup and its assisted
-generation with our token draft, then our autoregressive loop (twice: an A/A control), the
-feature draft with its shipped policy, prompt lookup and the hybrid. Each prompt runs every
+side by side in one run: llama.cpp on a GGUF of the same weights, plain and with its prompt
+lookup (with the ``[peer]`` extra), transformers' ``generate``, its prompt lookup and its
+assisted generation with our token draft, then our autoregressive loop (twice: an A/A
+control), the feature draft with its shipped policy, prompt lookup and the hybrid. Each prompt runs every
 engine once per repeat, in a shuffled order; medians over prompts of tokens/s and of target
 passes per token (ours; transformers does not report its passes).
 """
@@ -23,12 +24,14 @@ from ..drafts.hybrid import Hybrid
 from ..drafts.lookup import PromptLookup
 from ..drafts.shipped import default_draft, default_feature_draft
 from ..models.fast_passes import use_fast_passes
-from ..models.smollm2 import load_smollm2
+from ..models.smollm2 import load_smollm2, smollm2_path
 from ..policies.baselines import FixedDraftLength
 from ..policies.shipped import default_policy
 from .common import machine, markdown_table, pyplot, save_figure, write_results
+from .peer import LlamaCppPeer, gguf_file, peer_missing
 
 LOOKUP_TOKENS = 8
+CONTEXT = 4096  # llama.cpp's context: the longest workload prompt and its answer
 OURS = ("autoregressive", "autoregressive (A/A)", "feature draft", "prompt lookup", "hybrid")
 
 
@@ -57,7 +60,17 @@ def _engines(max_new_tokens: int) -> dict:
             return len(out.tokens), out.stats.target_calls
         return run
 
-    return {
+    def llama_cpp(peer):
+        def run(ids, temperature):
+            return len(peer.generate(ids, max_new_tokens, temperature)), None
+        return run
+
+    peers = {}
+    if peer_missing() is None:  # the [peer] extra: llama.cpp on a GGUF of the same checkpoint
+        gguf, threads = gguf_file(smollm2_path(), "F32"), torch.get_num_threads()
+        peers = {"llama.cpp (F32)": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT)),
+                 "llama.cpp prompt lookup (F32)": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT, lookup_tokens=10))}
+    return peers | {
         "transformers generate": hf(),
         "transformers prompt lookup": hf(prompt_lookup_num_tokens=10),
         "transformers assisted (token draft)": hf(assistant_model=token),

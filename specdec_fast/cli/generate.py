@@ -14,7 +14,7 @@ from ..decoding import fast_generate, generate_autoregressive, warmup
 from ..decoding.requests import chat_prompt_ids
 from ..drafts.feature import load_feature_draft
 from ..drafts.hybrid import Hybrid
-from ..drafts.lookup import PromptLookup
+from ..drafts.lookup import LookupCorpus, PromptLookup
 from ..drafts.shipped import DRAFT_KINDS, load_pair
 from ..drafts.small import early_exit_draft, load_small_draft, read_draft_file
 from ..models.fast_passes import use_fast_passes
@@ -49,6 +49,11 @@ def check(parser: argparse.ArgumentParser, args) -> None:
         parser.error("--draft early-exit needs --draft-layers N (the target's first N layers)")
     if args.draft_model is not None and args.draft is not None:
         parser.error("pass one draft: --draft or --draft-model")
+    for path in args.corpus or ():
+        if not Path(path).is_file():
+            parser.error(f"--corpus {path}: no such file")
+    if args.corpus and args.draft not in ("lookup", "hybrid"):
+        parser.error("--corpus is text for a prompt lookup to copy from: use it with --draft lookup or --draft hybrid")
     if args.target is not None and args.draft is None and args.draft_model is None:
         parser.error("a target of your own needs a draft: --draft-model DIR (a transformers checkpoint with the same "
                      "vocabulary) or --draft early-exit --draft-layers N")
@@ -59,7 +64,7 @@ def _load_pair(args):
     draft), with fast passes on both models."""
     if args.draft == "hybrid":
         target, feature, tokenizer = load_pair("feature", models=True)
-        return target, Hybrid(feature, PromptLookup(max_tokens=LOOKUP_TOKENS)), tokenizer
+        return target, Hybrid(feature, _lookup(args, tokenizer, max_tokens=LOOKUP_TOKENS)), tokenizer
     if args.target is None and args.draft_model is None and args.draft not in ("early-exit", "lookup"):
         return load_pair(args.draft or DRAFT_KINDS[0], models=True)
     if args.target is not None:
@@ -68,7 +73,7 @@ def _load_pair(args):
     else:
         target, tokenizer = load_smollm2()
     if args.draft == "lookup":
-        return use_fast_passes(target), PromptLookup(), tokenizer
+        return use_fast_passes(target), _lookup(args, tokenizer), tokenizer
     if args.draft == "early-exit":
         draft = early_exit_draft(target, args.draft_layers)
     elif args.draft_model.endswith(".safetensors"):
@@ -77,6 +82,15 @@ def _load_pair(args):
     else:
         draft = AutoModelForCausalLM.from_pretrained(args.draft_model, dtype=torch.float32).eval()
     return use_fast_passes(target), use_fast_passes(draft), tokenizer
+
+
+def _lookup(args, tokenizer, **settings) -> PromptLookup:
+    """The prompt lookup of --draft lookup / hybrid, copying from the --corpus files too."""
+    if not args.corpus:
+        return PromptLookup(**settings)
+    corpus = LookupCorpus()
+    corpus.add_texts(tokenizer, (Path(path).read_text(errors="replace") for path in args.corpus))
+    return PromptLookup(corpus=corpus, **settings)
 
 
 def _policy(args, draft):
@@ -131,6 +145,8 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--draft-model", help="a draft of your own: a transformers checkpoint folder with the target's "
                      "vocabulary, or a .safetensors file written by train-draft (SmolLM2)")
     gen.add_argument("--draft-layers", type=int, default=0, help="layers of the early-exit draft")
+    gen.add_argument("--corpus", nargs="+", metavar="FILE",
+                     help="text files a lookup draft (--draft lookup / hybrid) may copy from, beside the context")
     gen.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generation")
     gen.add_argument("--temperature", type=float, default=None,
                      help="0 = greedy; unset: the target's generation config (greedy for SmolLM2)")

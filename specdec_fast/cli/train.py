@@ -16,7 +16,7 @@ from ..drafts.small import load_small_draft
 from ..models.smollm2 import load_smollm2
 from ..paths import cache_root
 from ..policies.shipped import POLICY_FILES
-from ..training import card, collect, distill
+from ..training import card, collect, distill, lookup_policy
 from ..training import policy as train_policy
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data"  # the shipped artifacts: written only with --replace-shipped
@@ -79,7 +79,20 @@ def _train_draft(args) -> int:
     return 0
 
 
+def _train_lookup_policy(args) -> int:
+    out = _output(args, POLICY_FILES["lookup"].name)
+    metadata = lookup_policy.run(out, args.prompts, args.temperatures, args.max_new_tokens, args.max_draft)
+    print("calibration of a looked-up token's acceptance (every fifth prompt, not fitted on): predicted, observed")
+    for row in metadata["calibration"]:
+        print(f"  {row['predicted']:.3f}  {row['observed']:.3f}  (n={row['rows']})")
+    print(f"{metadata['rows']} looked-up tokens from {metadata['prompts']} prompts in {metadata['minutes']:.1f} min; "
+          f"written to {out}")
+    return 0
+
+
 def _train_policy(args) -> int:
+    if args.draft == "lookup":
+        return _train_lookup_policy(args)
     out = _output(args, POLICY_FILES[args.draft].name)
     metadata = train_policy.run(out, args.prompts, args.temperatures, args.max_new_tokens, args.max_draft,
                                 draft_kind=args.draft)
@@ -132,7 +145,8 @@ def add_parsers(commands, common: argparse.ArgumentParser) -> None:
 
     tp = commands.add_parser("train-policy", parents=[common],
                              help="traces of a SmolLM2 pair -> its learned draft-length policy (data/policy*.safetensors)")
-    tp.add_argument("--draft", choices=DRAFT_KINDS, default=DRAFT_KINDS[0], help="the shipped draft traced")
+    tp.add_argument("--draft", choices=[*DRAFT_KINDS, "lookup"], default=DRAFT_KINDS[0],
+                    help="the shipped draft traced; lookup: the hybrid's source chooser (prompts: per workload category)")
     tp.add_argument("--out", help="the policy file (default: <user cache>/trained/<the shipped file's name>)")
     tp.add_argument("--replace-shipped", action="store_true", help="allow --out to overwrite a policy shipped in the package")
     tp.add_argument("--prompts", type=int, default=40, help="policy prompts traced (every fifth calibrates)")

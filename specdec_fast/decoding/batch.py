@@ -14,6 +14,7 @@ from typing import Sequence
 import torch
 
 from ..drafts.binding import batched_pair
+from ..drafts.lookup import remember
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
 from .config import generation_settings
@@ -107,5 +108,6 @@ def batch_generate(
         policy.observe(k, sum(done.verified.accepted) / len(active), done.draft_s, done.target_s, len(active))
         active = [active[b] for b in still]
 
+    remember(draft, [r.ids for r in requests])
     outputs = [GenerationOutput(r.new_tokens, decode_text(tokenizer, r.new_tokens), r.stats) for r in requests]
     return BatchGenerationOutput(outputs, time.perf_counter() - start, draft_lengths)

@@ -128,7 +128,7 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
     if max(lens, default=0):
         seen = draft.lengths.tolist()
         if hasattr(draft, "begin_round"):  # a lookup draft: what it is fed now is committed
-            draft.begin_round()
+            draft.begin_round(sampling)
         logits = draft.extend(*right_aligned([s.ids[m:] for s, m in zip(seqs, seen)]), 1)[:, -1]
         first_logits, passes = logits, 1
         if hasattr(draft, "plan_lengths"):

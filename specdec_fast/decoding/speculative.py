@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..drafts.binding import cached_pair
+from ..drafts.lookup import remember
 from ..models.batched_lm import BatchedCachedLM, OneSequence
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
@@ -123,6 +124,7 @@ def fast_generate(
             break
 
     seq.stats.wall_s = time.perf_counter() - start
+    remember(draft, [seq.ids])
     if streamer is not None:
         streamer.end()
     return GenerationOutput(seq.new_tokens, decode_text(tokenizer, seq.new_tokens), seq.stats)

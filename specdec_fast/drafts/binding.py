@@ -51,7 +51,7 @@ def cached_pair(target, draft, lean: str = "auto") -> tuple[CachedLM, CachedLM]:
     if isinstance(draft, Hybrid):
         target_lm, model_lm = cached_pair(target, draft.model, lean)
         target_lm, lookup_lm = lookup_pair(target_lm, draft.lookup, 1)
-        pair = target_lm, HybridLM(OneSequence(model_lm), lookup_lm, draft.min_match)
+        pair = target_lm, HybridLM(OneSequence(model_lm), lookup_lm, draft.min_match, draft.chooser)
     elif isinstance(draft, FeatureDraft):
         pair = feature_pair(target, draft, lean)
     elif isinstance(draft, PromptLookup):
@@ -71,7 +71,7 @@ def batched_pair(target: nn.Module, draft: nn.Module | None, batch: int,
     if isinstance(draft, Hybrid):
         target_lm, model_lm = batched_pair(target, draft.model, batch, lean)
         target_lm, lookup_lm = lookup_pair(target_lm, draft.lookup, batch)
-        return target_lm, HybridLM(model_lm, lookup_lm, draft.min_match)
+        return target_lm, HybridLM(model_lm, lookup_lm, draft.min_match, draft.chooser)
     precision = lean_precision(target, lean)
     if precision:
         target_lm = BatchedLeanLM(target, batch, precision)

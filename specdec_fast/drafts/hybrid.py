@@ -3,9 +3,11 @@ elsewhere, chosen each round and for each sequence.
 
 ``Hybrid(model, PromptLookup(), min_match=2)`` looks up when the longest earlier-seen suffix of
 the sequence is at least ``min_match`` tokens long and drafts with ``model`` (a transformers
-causal LM or a :class:`~specdec_fast.drafts.feature.FeatureDraft`) otherwise. The choice reads
-the committed context only, never the target's output of the round, so the output law is the
-target's whatever it chooses (tested with the exact joint). :class:`HybridLM` is its cache:
+causal LM or a :class:`~specdec_fast.drafts.feature.FeatureDraft`) otherwise. With a ``chooser``
+(:class:`~specdec_fast.policies.sources.CostAwareSources`, learned) the choice and the lookup's
+length are cost-aware instead. The choice reads the committed context and earlier rounds only,
+never the target's output of the round, so the output law is the target's whatever it chooses
+(tested with the exact joint). :class:`HybridLM` is its cache:
 the lookup sees every token; the model is fed only in the rounds it drafts, catching up on the
 tokens committed since (its cache lags while the lookup drafts).
 """
@@ -29,6 +31,7 @@ class Hybrid:
     model: nn.Module
     lookup: PromptLookup = field(default_factory=PromptLookup)
     min_match: int = 2
+    chooser: object | None = None  # choose(matched, offered, temperature) -> (looked_up, lengths); observe(accepted)
 
     def __post_init__(self):
         if self.min_match < 1:
@@ -41,12 +44,16 @@ class HybridLM:
     looked-up row drafts what the lookup found (up to ``lookup.max_tokens``), a model row the round's
     length."""
 
-    def __init__(self, model: BatchedCachedLM, lookup: LookupLM, min_match: int):
-        self.model, self.lookup, self.min_match = model, lookup, min_match
+    def __init__(self, model: BatchedCachedLM, lookup: LookupLM, min_match: int, chooser=None):
+        self.model, self.lookup, self.min_match, self.chooser = model, lookup, min_match, chooser
         self.vocab_size, self.max_length = model.vocab_size, model.max_length
         self.device = getattr(model, "device", None) or lookup.device
         self.looked_up = torch.zeros(lookup.batch, dtype=torch.bool)
+        self.lookup_lengths = torch.zeros(lookup.batch, dtype=torch.int64)  # the tokens each looked-up row drafts
+        self.temperature = torch.ones(lookup.batch)
         self.first = False
+        if chooser is not None:
+            chooser.reset(lookup.batch)
 
     @property
     def lengths(self) -> Tensor:
@@ -59,9 +66,10 @@ class HybridLM:
         return self.lookup.draft.max_tokens
 
     def plan_lengths(self, lens: list[int], budgets: list[int]) -> list[int]:
-        """A looked-up row drafts what it found (up to its budget), a model row ``lens[b]``."""
+        """A looked-up row drafts what it found (or what the chooser chose; up to its budget), a
+        model row ``lens[b]``."""
         return [min(int(a), cap) if used else n
-                for n, cap, a, used in zip(lens, budgets, self.lookup.proposal_lengths, self.looked_up.tolist())]
+                for n, cap, a, used in zip(lens, budgets, self.lookup_lengths, self.looked_up.tolist())]
 
     @property
     def point_mass_rows(self) -> Tensor:
@@ -72,8 +80,11 @@ class HybridLM:
         """[B, width]: the round's proposals at once, when every row is looked up (see LookupLM.planned)."""
         return self.lookup.planned(width)
 
-    def begin_round(self) -> None:
+    def begin_round(self, sampling=None) -> None:
+        """The next extend is a round's first (``sampling``: the round's settings, for the chooser)."""
         self.lookup.begin_round()
+        if sampling is not None:
+            self.temperature = sampling.as_tensors(len(self.looked_up))[0]
         self.first = True
 
     def reset(self) -> None:
@@ -86,7 +97,11 @@ class HybridLM:
         looked = self.lookup.extend(tokens, fed, num_logits)
         if self.first:
             self.first = False
-            self.looked_up = (self.lookup.matched >= self.min_match) & (self.lookup.proposal_lengths > 0)
+            found = self.lookup.proposal_lengths
+            if self.chooser is None:
+                self.looked_up, self.lookup_lengths = (self.lookup.matched >= self.min_match) & (found > 0), found
+            else:
+                self.looked_up, self.lookup_lengths = self.chooser.choose(self.lookup.matched, found, self.temperature)
             history = self.lookup.index.tokens
             seen, total = self.model.lengths.tolist(), self.lookup.lengths.tolist()
             tokens, fed = right_aligned([[] if used else history[b, seen[b]: total[b]].tolist()
@@ -101,10 +116,15 @@ class HybridLM:
                            modelled)
 
     def keep(self, lengths: Tensor) -> None:
+        if self.chooser is not None:
+            self.chooser.observe(lengths.cpu() - self.lookup.index.indexed)
         self.lookup.keep(lengths)
         self.model.keep(torch.minimum(self.model.lengths.to(lengths.device), lengths))
 
     def select(self, rows: Tensor) -> None:
         self.lookup.select(rows)
         self.model.select(rows)
-        self.looked_up = self.looked_up[rows.cpu()]
+        self.looked_up, self.lookup_lengths = self.looked_up[rows.cpu()], self.lookup_lengths[rows.cpu()]
+        self.temperature = self.temperature[rows.cpu()]
+        if self.chooser is not None:
+            self.chooser.select(rows.tolist())

@@ -19,11 +19,53 @@ draft step samples the proposal at any temperature, top-k or top-p) serve the ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable, Sequence
 
 import torch
 from torch import Tensor
 
 from ..kernels.lookup import MAX_N, LookupIndex
+
+
+class LookupCorpus:
+    """Text that every :class:`PromptLookup` holding it may copy from, beyond each sequence's own
+    context: documents the user adds (:meth:`add`, :meth:`add_texts`), and, with ``learn``, the
+    tokens of every request a loop finishes (prompt and output, as SuffixDecoding shares text
+    across requests). A sequence takes the corpus's proposal when its match is longer than the
+    one in its own context.
+
+    Memory is bounded: an index of ``capacity`` entries (a power of two, 16 bytes each) over at
+    most ``max_tokens`` tokens (8 bytes each); text past that is not added (``full`` says so).
+    """
+
+    def __init__(self, max_n: int = 4, capacity: int = 1 << 20, max_tokens: int = 1 << 22, learn: bool = True):
+        if max_tokens < 1:
+            raise ValueError(f"LookupCorpus.max_tokens must be positive, got {max_tokens}")
+        self.index = LookupIndex(1, capacity, max_n)
+        self.max_tokens, self.learn, self.full = max_tokens, learn, False
+
+    def __len__(self) -> int:
+        """Tokens in the corpus."""
+        return int(self.index.lengths[0])
+
+    def add(self, tokens: Sequence[int] | Tensor) -> None:
+        """Append one document's token ids (indexed at once), unless the corpus would pass max_tokens."""
+        tokens = torch.as_tensor(tokens, dtype=torch.int64).reshape(-1)
+        if len(self) + len(tokens) > self.max_tokens:
+            self.full = True
+            return
+        self.index.append(0, tokens)
+        self.index.commit()
+
+    def add_texts(self, tokenizer, texts: Iterable[str]) -> None:
+        """Append each text, tokenized without special tokens."""
+        for text in texts:
+            self.add(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def propose(self, tokens: Tensor, lengths: Tensor, k: int, min_n: int) -> tuple[Tensor, Tensor, Tensor]:
+        """(proposals [B, k], counts [B], matched suffix lengths [B]) for the sequences ``tokens``
+        [B, H] of ``lengths`` [B], from the corpus (see :meth:`LookupIndex.propose_in`)."""
+        return self.index.propose_in(tokens, lengths, k, min_n)
 
 
 @dataclass(frozen=True)
@@ -33,12 +75,14 @@ class PromptLookup:
     max_n, min_n: the longest and shortest suffix matched (1 <= min_n <= max_n <= 8).
     max_tokens: the most tokens proposed in one round (the round's draft length caps it too).
     capacity: index entries per sequence (a power of two; 16 bytes each), bounding its memory.
+    corpus: a :class:`LookupCorpus` to copy from too (other requests' text, documents).
     """
 
     max_n: int = 3
     min_n: int = 1
     max_tokens: int = 16
     capacity: int = 1 << 16
+    corpus: LookupCorpus | None = None
 
     def __post_init__(self):
         if not 1 <= self.min_n <= self.max_n <= MAX_N:
@@ -87,7 +131,7 @@ class LookupLM:
         self.step = None
         return self.plan[:, :width].clamp(min=0).to(self.device)
 
-    def begin_round(self) -> None:
+    def begin_round(self, sampling=None) -> None:
         """The next :meth:`extend` feeds committed tokens only (a round's first): index them and
         propose from the sequence they end."""
         self.step = -1
@@ -102,7 +146,7 @@ class LookupLM:
             self.index.append(b, tokens[b] if bool(fed[b].all()) else tokens[b][fed[b]])
         if self.step == -1:
             self.index.commit()
-            self.plan, self.proposal_lengths, self.matched = self.index.propose(self.draft.max_tokens, self.draft.min_n)
+            self.plan, self.proposal_lengths, self.matched = self.propose()
             self.step = 0
         wanted = self.plan[:, min(self.step or 0, self.plan.shape[1] - 1)].clamp(min=0)  # past a proposal: token 0, never verified
         self.step = None if self.step is None else self.step + 1
@@ -110,6 +154,16 @@ class LookupLM:
         logits[:, :-1] = 0.0
         logits[:, -1].scatter_(-1, wanted[:, None], 0.0)
         return logits.to(self.device)
+
+    def propose(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(plan [B, max_tokens], counts [B], matched [B]): each row's own-context proposal, or the
+        corpus's where its match is longer."""
+        own = self.index.propose(self.draft.max_tokens, self.draft.min_n)
+        if self.draft.corpus is None or len(self.draft.corpus) == 0:
+            return own
+        corpus = self.draft.corpus.propose(self.index.tokens, self.index.lengths, self.draft.max_tokens, self.draft.min_n)
+        longer = corpus[2] > own[2]
+        return tuple(torch.where(longer.reshape(-1, *[1] * (a.dim() - 1)), b, a) for a, b in zip(own, corpus))
 
     def keep(self, lengths: Tensor) -> None:
         """Keep the first ``lengths[b]`` tokens of row b (the drafts past them are dropped; the kept
@@ -123,3 +177,13 @@ class LookupLM:
         self.index.select(rows)
         self.plan, self.proposal_lengths, self.matched = self.plan[rows], self.proposal_lengths[rows], self.matched[rows]
         self.batch = len(rows)
+
+
+def remember(draft, sequences: Iterable[Sequence[int]]) -> None:
+    """Add finished requests' token ids to the corpus of ``draft`` (a :class:`PromptLookup`, or a
+    hybrid's lookup) when it has one that learns; any other draft: nothing."""
+    lookup = getattr(draft, "lookup", draft)
+    corpus = getattr(lookup, "corpus", None) if isinstance(lookup, PromptLookup) else None
+    if corpus is not None and corpus.learn:
+        for tokens in sequences:
+            corpus.add(tokens)

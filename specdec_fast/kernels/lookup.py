@@ -20,18 +20,20 @@ from .backends import resolve
 MAX_N = 8  # csrc/cpu/lookup.h kLookupMaxN
 
 
-def lookup_propose_reference(tokens: list[int], min_n: int, max_n: int, k: int,
-                             indexed: int | None = None) -> tuple[list[int], int]:
+def lookup_propose_reference(tokens: list[int], min_n: int, max_n: int, k: int, indexed: int | None = None,
+                             source: list[int] | None = None) -> tuple[list[int], int]:
     """(up to k tokens continuing the longest suffix of ``tokens`` seen before, the suffix length
-    n; ([], 0) without a match): n from max_n down to min_n, the most recent earlier occurrence
-    among those followed by one of the first ``indexed`` tokens (default: all)."""
+    n; ([], 0) without a match): n from max_n down to min_n, the most recent occurrence in
+    ``source`` (default: ``tokens`` itself; or a corpus) among those followed by one of its first
+    ``indexed`` tokens (default: all)."""
     length = len(tokens)
-    last_end = min(length, indexed if indexed is not None else length) - 1  # an occurrence ends before a token
+    source = tokens if source is None else source
+    last_end = min(len(source), indexed if indexed is not None else len(source)) - 1  # an occurrence ends before a token
     for n in range(min(max_n, length), max(min_n, 1) - 1, -1):
         suffix = tokens[length - n:]
-        for end in range(last_end, n - 1, -1):  # the occurrence tokens[end - n:end], most recent first
-            if tokens[end - n: end] == suffix:
-                return tokens[end: end + k], n
+        for end in range(last_end, n - 1, -1):  # the occurrence source[end - n:end], most recent first
+            if source[end - n: end] == suffix:
+                return source[end: end + k], n
     return [], 0
 
 
@@ -79,11 +81,27 @@ class LookupIndex:
         what continues each row's longest suffix, among the occurrences in the index."""
         if self.backend == "cpu":
             return torch.ops.specdec_fast.lookup_propose(self.tokens, self.lengths, self.keys, self.next, min_n, self.max_n, k)
-        out = torch.full((len(self.lengths), k), -1, dtype=torch.int64)
-        counts, matched = torch.zeros(len(self.lengths), dtype=torch.int64), torch.zeros(len(self.lengths), dtype=torch.int64)
-        for b in range(len(self.lengths)):
-            found, n = lookup_propose_reference(self.tokens[b, : int(self.lengths[b])].tolist(), min_n, self.max_n, k,
-                                                int(self.indexed[b]))
+        return self._reference(self.tokens, self.lengths, k, min_n, lambda b: (None, int(self.indexed[b])))
+
+    def propose_in(self, tokens: Tensor, lengths: Tensor, k: int, min_n: int = 1) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`propose` for other sequences (``tokens`` [B, H], ``lengths`` [B]) searched in this
+        index's one row (a corpus: batch 1), among its indexed tokens."""
+        if len(self.lengths) != 1:
+            raise ValueError(f"propose_in searches one shared sequence, this index holds {len(self.lengths)}")
+        tokens, lengths = tokens.contiguous(), lengths.cpu()
+        if self.backend == "cpu":
+            return torch.ops.specdec_fast.lookup_propose_in(tokens, lengths, self.tokens, self.indexed, self.keys,
+                                                            self.next, min_n, self.max_n, k)
+        source = self.tokens[0, : int(self.indexed[0])].tolist()
+        return self._reference(tokens, lengths, k, min_n, lambda b: (source, None))
+
+    def _reference(self, tokens: Tensor, lengths: Tensor, k: int, min_n: int, where) -> tuple[Tensor, Tensor, Tensor]:
+        """The proposals by search (the torch backend); where(b) = (source, indexed) of row b."""
+        out = torch.full((len(lengths), k), -1, dtype=torch.int64)
+        counts, matched = torch.zeros(len(lengths), dtype=torch.int64), torch.zeros(len(lengths), dtype=torch.int64)
+        for b in range(len(lengths)):
+            source, indexed = where(b)
+            found, n = lookup_propose_reference(tokens[b, : int(lengths[b])].tolist(), min_n, self.max_n, k, indexed, source)
             out[b, : len(found)], counts[b], matched[b] = torch.tensor(found, dtype=torch.int64), len(found), n
         return out, counts, matched
 

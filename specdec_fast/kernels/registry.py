@@ -43,6 +43,8 @@ _LIBRARY.define("decoder_pass(Tensor x, Tensor[] norms, Tensor[] weights, Tensor
 _LIBRARY.define("lookup_add(Tensor tokens, Tensor start, Tensor end, Tensor(a!) keys, Tensor(b!) next, int max_n) -> ()")
 _LIBRARY.define("lookup_propose(Tensor tokens, Tensor lengths, Tensor keys, Tensor next, int min_n, int max_n, int k) "
                 "-> (Tensor, Tensor, Tensor)")
+_LIBRARY.define("lookup_propose_in(Tensor tokens, Tensor lengths, Tensor source, Tensor source_length, Tensor keys, "
+                "Tensor next, int min_n, int max_n, int k) -> (Tensor, Tensor, Tensor)")
 
 
 def _fake_verify(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature, top_k, top_p, uniforms):

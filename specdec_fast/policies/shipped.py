@@ -14,10 +14,12 @@ from ..drafts.binding import draft_kind
 from .costs import CostModel
 from .learned import PREDICTOR_OUTPUTS, AcceptancePredictor, CostAwarePolicy, PolicyNetwork, ValueNetwork
 from .mdp import FEATURES
+from .sources import CostAwareSources, cost_aware_sources
 
 # The shipped policies, one per SmolLM2 draft kind (``specdec-fast train-policy --draft KIND``).
 POLICY_FILES = {kind: Path(str(resources.files("specdec_fast.data").joinpath(name)))
-                for kind, name in (("token", "policy.safetensors"), ("feature", "policy_feature.safetensors"))}
+                for kind, name in (("token", "policy.safetensors"), ("feature", "policy_feature.safetensors"),
+                                   ("lookup", "policy_lookup.safetensors"))}
 
 
 def save_policy(path: Path, predictor: AcceptancePredictor, value: ValueNetwork, policy: PolicyNetwork,
@@ -50,9 +52,15 @@ def default_policy(verifier: str = "token", path: Path | None = None, max_draft_
     in ``path``; with neither, the token pair's. Its ``trained_for`` names the draft kind it learnt
     from, and the loops warn when it meets another."""
     kind = draft_kind(draft) if draft is not None else "token"
-    path = path if path is not None else POLICY_FILES.get(kind, POLICY_FILES["token"])
+    path = path if path is not None else POLICY_FILES[kind if kind == "feature" else "token"]
     predictor, _, _, metadata = load_policy(path)
     costs = CostModel(metadata["draft_step_s"], {int(n): s for n, s in metadata["target_pass_s"].items()})
     policy = CostAwarePolicy(predictor, costs, verifier=verifier, max_draft_tokens=max_draft_tokens)
     policy.trained_for = metadata.get("draft", "token")
     return policy
+
+
+def default_sources(path: Path | None = None) -> CostAwareSources:
+    """The shipped source chooser of a :class:`~specdec_fast.drafts.hybrid.Hybrid` (``specdec-fast
+    train-policy --draft lookup`` reproduces it), or the one in ``path``."""
+    return cost_aware_sources(path if path is not None else POLICY_FILES["lookup"])

@@ -98,12 +98,14 @@ def test_training_refuses_to_overwrite_a_shipped_artifact(capsys):
 
 
 @pytest.mark.slow
-def test_training_writes_into_its_out_folder_only(tmp_path):
-    """A small train-policy run (the real pair, 5 prompts, 8 tokens): the file lands in --out."""
+@pytest.mark.parametrize("draft", ["feature", "lookup"])
+def test_training_writes_into_its_out_folder_only(tmp_path, draft):
+    """A small train-policy run (the real pair, or the lookup's chooser; 5 prompts, 8 tokens): the
+    file lands in --out."""
     before = snapshot(PACKAGE), snapshot(ROOT / "benchmarks")
     out = tmp_path / "policy.safetensors"
-    done = cli("train-policy", "--prompts", "5", "--max-new-tokens", "8", "--max-draft", "2", "--temperatures", "0",
-               "--out", str(out), cwd=tmp_path)
+    done = cli("train-policy", "--draft", draft, "--prompts", "5", "--max-new-tokens", "8", "--max-draft", "2",
+               "--temperatures", "0", "--out", str(out), cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert out.is_file() and {p.name for p in tmp_path.iterdir()} == {"policy.safetensors"}
     assert (snapshot(PACKAGE), snapshot(ROOT / "benchmarks")) == before

@@ -12,6 +12,8 @@ from specdec_fast.drafts.binding import batched_pair
 from specdec_fast.drafts.hybrid import Hybrid
 from specdec_fast.drafts.lookup import PromptLookup
 from specdec_fast.models.batched_lm import right_aligned
+from specdec_fast.policies.costs import CostModel
+from specdec_fast.policies.sources import CostAwareSources, LookupAcceptance
 
 from helpers.distribution import chi_square, sequence_counts
 from helpers.models import NO_EOS, batched_samples, exact_joint, feature_draft, tiny_llama
@@ -19,13 +21,21 @@ from helpers.models import NO_EOS, batched_samples, exact_joint, feature_draft, 
 REPEATING = [3, 1, 4, 1, 5, 1, 4]
 
 
+def learned_chooser() -> CostAwareSources:
+    """A chooser whose decisions move with the rounds it sees (random network, made-up costs)."""
+    torch.manual_seed(3)
+    return CostAwareSources(LookupAcceptance(), CostModel(1e-5, {n: 0.001 * (9 + n) for n in range(1, 6)}))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 6, 0.9)])
-def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature,top_k,top_p,chooser", [(1.0, 0, 1.0, False), (0.8, 6, 0.9, False),
+                                                             (0.8, 6, 0.9, True)])
+def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p, chooser):
     """5,000 generations of 3 tokens through batch_generate, looking up where the context offers a
-    2-token match and drafting with the model elsewhere: the joint is the target's."""
+    2-token match (or where the learned chooser says so) and drafting with the model elsewhere:
+    the joint is the target's."""
     target, draft = tiny_pair
-    hybrid = Hybrid(draft, PromptLookup(max_tokens=3), min_match=2)
+    hybrid = Hybrid(draft, PromptLookup(max_tokens=3), min_match=2, chooser=learned_chooser() if chooser else None)
     seqs = batched_samples(target, hybrid, REPEATING, 3, 5000, temperature=temperature, top_k=top_k, top_p=top_p,
                            num_draft_tokens=2)
     stat, threshold, df = chi_square(sequence_counts(seqs, 8), exact_joint(target, REPEATING, 3, temperature, top_k, top_p))
@@ -55,9 +65,10 @@ def test_greedy_equals_target_greedy(kind, min_match):
     expected = [generate_autoregressive(target, p, max_new_tokens=30, temperature=0.0, eos_token_id=NO_EOS).tokens
                 for p in prompts]
     for prompt, tokens in zip(prompts, expected):
-        out = fast_generate(target, Hybrid(model, min_match=min_match), prompt, max_new_tokens=30, temperature=0.0,
-                            num_draft_tokens=3, eos_token_id=NO_EOS)
-        assert out.tokens == tokens
+        for chooser in (None, learned_chooser()):
+            out = fast_generate(target, Hybrid(model, min_match=min_match, chooser=chooser), prompt, max_new_tokens=30,
+                                temperature=0.0, num_draft_tokens=3, eos_token_id=NO_EOS)
+            assert out.tokens == tokens
     batch = batch_generate(target, Hybrid(model, min_match=min_match), input_ids=prompts, max_new_tokens=30,
                            temperature=0.0, num_draft_tokens=3, eos_token_id=NO_EOS)
     assert [o.tokens for o in batch.outputs] == expected
@@ -66,3 +77,28 @@ def test_greedy_equals_target_greedy(kind, min_match):
 def test_bad_min_match():
     with pytest.raises(ValueError, match="min_match must be positive"):
         Hybrid(torch.nn.Identity(), min_match=0)
+
+
+def test_the_chooser_decides_per_row_and_sees_each_round():
+    """With a chooser, the first round of each row drafts with the model; once a row's model rounds
+    are timed, a lookup it predicts to be faster is taken, with the chooser's length; the chooser
+    is told each round's accepted count."""
+    target, draft = tiny_pair_models()
+    sources = learned_chooser()
+    _, lm = batched_pair(target, Hybrid(draft, min_match=1, chooser=sources), 2)
+    rows = [REPEATING + [1], [5, 6, 7]]
+    lm.extend(*right_aligned([r[:-1] for r in rows]), 1)
+    lm.begin_round()
+    lm.extend(*right_aligned([r[-1:] for r in rows]), 1)
+    assert lm.looked_up.tolist() == [False, False] and sources.pending is not None
+    lm.keep(torch.tensor([len(rows[0]), len(rows[1])]))
+    assert sources.pending is None and all(rate is not None for rate in sources.model_rate)
+    sources.model_rate = [0.0, 0.0]  # any lookup beats a model that emits nothing
+    lm.begin_round()
+    lm.extend(*right_aligned([[4], [8]]), 1)  # the tokens the first round committed
+    assert lm.looked_up.tolist() == [True, False]  # "... 1 4" recurs in the first row; [5, 6, 7, 8] has no match
+    assert lm.plan_lengths([1, 1], [3, 3])[0] == min(3, int(lm.lookup_lengths[0]))
+
+
+def tiny_pair_models():
+    return tiny_llama(10, vocab=16, context=128), tiny_llama(11, vocab=16, layers=1, context=128)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec_fast import batch_generate, fast_generate, generate_autoregressive
-from specdec_fast.drafts.lookup import LookupLM, PromptLookup
+from specdec_fast.drafts.lookup import LookupCorpus, LookupLM, PromptLookup
 from specdec_fast.kernels.lookup import LookupIndex
 
 from helpers.distribution import chi_square, sequence_counts
@@ -17,14 +17,24 @@ from helpers.models import NO_EOS, batched_samples, exact_joint, tiny_llama
 REPEATING = [3, 1, 4, 1, 5, 1, 4]  # "1 4" and "1" recur: the lookup has something to propose from the first round
 
 
+def corpus_of(tokens: list[int], learn: bool = False) -> LookupCorpus:
+    corpus = LookupCorpus(max_n=3, capacity=1 << 10, learn=learn)
+    corpus.add(tokens)
+    return corpus
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature,top_k,top_p,verifier", [(1.0, 0, 1.0, "token"), (0.8, 6, 0.9, "token"),
-                                                              (0.8, 6, 0.9, "block")])
-def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p, verifier):
+@pytest.mark.parametrize("temperature,top_k,top_p,verifier,corpus", [(1.0, 0, 1.0, "token", False),
+                                                                     (0.8, 6, 0.9, "token", False),
+                                                                     (0.8, 6, 0.9, "block", False),
+                                                                     (0.8, 6, 0.9, "token", True)])
+def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p, verifier, corpus):
     """5,000 generations of 3 tokens through batch_generate with a lookup draft of up to 3 tokens,
-    token-wise and block verification: the joint of the three tokens (512 cells) is the target's."""
+    token-wise and block verification, with and without a corpus: the joint of the three tokens
+    (512 cells) is the target's."""
     target, _ = tiny_pair
-    seqs = batched_samples(target, PromptLookup(), REPEATING, 3, 5000, temperature=temperature, top_k=top_k, top_p=top_p,
+    draft = PromptLookup(corpus=corpus_of([4, 1, 5, 2, 6, 5, 3, 5]) if corpus else None)
+    seqs = batched_samples(target, draft, REPEATING, 3, 5000, temperature=temperature, top_k=top_k, top_p=top_p,
                            num_draft_tokens=3, verifier=verifier)
     stat, threshold, df = chi_square(sequence_counts(seqs, 8), exact_joint(target, REPEATING, 3, temperature, top_k, top_p))
     assert stat < threshold, f"chi2 {stat:.1f} > {threshold:.1f} (df {df})"
@@ -99,3 +109,42 @@ def test_errors():
         PromptLookup(min_n=3, max_n=2)
     with pytest.raises(ValueError, match="max_tokens must be positive"):
         PromptLookup(max_tokens=0)
+
+
+def test_the_corpus_proposes_where_the_context_has_no_longer_match():
+    """A corpus match longer than the context's wins; a shorter one does not."""
+    lm = LookupLM(PromptLookup(max_n=3, corpus=corpus_of([7, 8, 9, 1, 2, 3, 6, 6])), vocab_size=16)
+    lm.begin_round()
+    lm.extend(torch.tensor([[9, 1, 2, 0, 5, 8, 9, 1]]), torch.ones(1, 8, dtype=torch.bool), 1)
+    assert lm.plan[0, : int(lm.proposal_lengths[0])].tolist() == [2, 3, 6, 6] and int(lm.matched[0]) == 3  # "8 9 1" vs "9 1"
+    lm = LookupLM(PromptLookup(max_n=3, corpus=corpus_of([9, 1, 4, 4])), vocab_size=16)
+    lm.begin_round()
+    lm.extend(torch.tensor([[8, 9, 1, 2, 0, 8, 9, 1]]), torch.ones(1, 8, dtype=torch.bool), 1)
+    assert lm.plan[0, : int(lm.proposal_lengths[0])].tolist() == [2, 0, 8, 9, 1] and int(lm.matched[0]) == 3
+
+
+def test_a_learning_corpus_carries_text_across_requests():
+    """With learn=True, each finished request joins the corpus: repeating a greedy request then
+    copies its whole answer (fewer rounds than the first time), and the output stays the target's."""
+    target = tiny_llama(10, vocab=16, context=256)
+    prompt = [5, 9, 2]
+    expected = generate_autoregressive(target, prompt, max_new_tokens=40, temperature=0.0, eos_token_id=NO_EOS).tokens
+    corpus = LookupCorpus(max_n=3, capacity=1 << 10)
+    draft = PromptLookup(max_tokens=8, corpus=corpus)
+    first = fast_generate(target, draft, prompt, max_new_tokens=40, temperature=0.0, num_draft_tokens=8, eos_token_id=NO_EOS)
+    assert len(corpus) == len(prompt) + 40
+    second = fast_generate(target, draft, prompt, max_new_tokens=40, temperature=0.0, num_draft_tokens=8, eos_token_id=NO_EOS)
+    assert first.tokens == second.tokens == expected
+    assert second.stats.rounds <= 40 / 8 + 1 < first.stats.rounds
+    batch = batch_generate(target, draft, input_ids=[prompt, [3, 3]], max_new_tokens=40, temperature=0.0,
+                           num_draft_tokens=8, eos_token_id=NO_EOS)
+    assert batch.outputs[0].tokens == expected and len(corpus) == 2 * (len(prompt) + 40) + len(prompt) + 40 + 2 + 40
+
+
+def test_the_corpus_is_bounded():
+    corpus = LookupCorpus(capacity=1 << 4, max_tokens=10)
+    corpus.add(list(range(8)))
+    corpus.add(list(range(5)))  # past max_tokens: not added
+    assert len(corpus) == 8 and corpus.full
+    with pytest.raises(ValueError, match="max_tokens must be positive"):
+        LookupCorpus(max_tokens=0)

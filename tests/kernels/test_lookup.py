@@ -40,6 +40,25 @@ def test_the_index_proposes_what_the_search_finds(backend):
             assert (out[b, int(counts[b]):] == -1).all()
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch"])
+def test_a_shared_index_proposes_what_the_search_finds_in_it(backend):
+    """propose_in: other sequences' suffixes searched in one corpus (lookup_propose_in)."""
+    rng = random.Random(1)
+    corpus = [rng.randrange(6) for _ in range(300)]
+    index = LookupIndex(1, capacity=1 << 16, max_n=3, backend=backend)  # (1 << 12 evicts a 3-gram this test queries)
+    index.append(0, corpus[:200])
+    index.commit()
+    index.append(0, corpus[200:])  # not committed: not searched
+    queries = [[rng.randrange(6) for _ in range(rng.randrange(1, 20))] for _ in range(30)]
+    tokens = torch.zeros(len(queries), 20, dtype=torch.int64)
+    for b, q in enumerate(queries):
+        tokens[b, : len(q)] = torch.tensor(q)
+    out, counts, matched = index.propose_in(tokens, torch.tensor([len(q) for q in queries]), 5, min_n=2)
+    for b, q in enumerate(queries):
+        expected, n = lookup_propose_reference(q, 2, 3, 5, indexed=200, source=corpus[:200])
+        assert out[b, : int(counts[b])].tolist() == expected and int(matched[b]) == n
+
+
 def test_drafted_tokens_are_dropped_and_never_indexed():
     index = LookupIndex(1, capacity=1 << 8, max_n=2)
     index.append(0, [1, 2, 3, 1, 2])
