@@ -27,8 +27,8 @@ from ..decoding.speculative import fast_generate
 from ..drafts.lookup import PromptLookup
 from ..kernels import warp_logits
 from ..kernels.lookup import LookupIndex
-from ..models.smollm2 import load_smollm2
 from ..models.fast_passes import use_fast_passes
+from ..models.smollm2 import load_smollm2
 from ..policies.baselines import FixedDraftLength
 from ..policies.measure import affine_fit, pass_medians
 from ..policies.sources import PRIOR_ACCEPTANCE, LookupAcceptance, lookup_features, save_lookup_acceptance
