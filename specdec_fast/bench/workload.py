@@ -26,13 +26,13 @@ from ..drafts.shipped import default_draft, default_feature_draft
 from ..models.fast_passes import use_fast_passes
 from ..models.smollm2 import load_smollm2, smollm2_path
 from ..policies.baselines import FixedDraftLength
-from ..policies.shipped import default_policy
+from ..policies.shipped import default_policy, default_sources
 from .common import machine, markdown_table, pyplot, save_figure, write_results
 from .peer import LlamaCppPeer, gguf_file, peer_missing
 
 LOOKUP_TOKENS = 8
 CONTEXT = 4096  # llama.cpp's context: the longest workload prompt and its answer
-OURS = ("autoregressive", "autoregressive (A/A)", "feature draft", "prompt lookup", "hybrid")
+OURS = ("autoregressive", "autoregressive (A/A)", "feature draft", "prompt lookup", "hybrid", "hybrid (learned chooser)")
 
 
 def _engines(max_new_tokens: int) -> dict:
@@ -53,10 +53,12 @@ def _engines(max_new_tokens: int) -> dict:
         return run
 
     def ours(draft, policy=None):
+        """Our engine with ``draft`` (None: autoregressive; a callable: a fresh draft per run)."""
         def run(ids, temperature):
             settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0)
+            fresh = draft() if callable(draft) and not isinstance(draft, torch.nn.Module) else draft
             out = (generate_autoregressive(target, ids, **settings) if draft is None
-                   else fast_generate(target, draft, ids, policy=policy() if policy else None, **settings))
+                   else fast_generate(target, fresh, ids, policy=policy() if policy else None, **settings))
             return len(out.tokens), out.stats.target_calls
         return run
 
@@ -79,6 +81,8 @@ def _engines(max_new_tokens: int) -> dict:
         "feature draft": ours(feature, lambda: default_policy(draft=feature)),
         "prompt lookup": ours(PromptLookup(max_tokens=LOOKUP_TOKENS), lambda: FixedDraftLength(LOOKUP_TOKENS)),
         "hybrid": ours(hybrid, lambda: default_policy(draft=feature)),
+        "hybrid (learned chooser)": ours(lambda: Hybrid(feature, PromptLookup(max_tokens=LOOKUP_TOKENS), chooser=default_sources()),
+                                         lambda: default_policy(draft=feature)),
     }, tokenizer
 
 
@@ -115,6 +119,21 @@ def run(categories: list[str], prompts: int, temperatures: list[float], max_new_
     return data
 
 
+def summary(data: dict) -> list[list]:
+    """Per (category, T): the hybrids against our autoregressive loop, the best single source
+    (feature draft or lookup), transformers' and llama.cpp's prompt lookup; the A/A control."""
+    rows = []
+    rate = {(r["category"], r["temperature"], r["engine"]): r["tokens_per_s"] for r in data["rows"]}
+    for c, t in dict.fromkeys((r["category"], r["temperature"]) for r in data["rows"]):
+        best = max(rate[c, t, "feature draft"], rate[c, t, "prompt lookup"])
+        peer = rate.get((c, t, "llama.cpp prompt lookup (F32)"))
+        for hybrid in ("hybrid", "hybrid (learned chooser)"):
+            h = rate[c, t, hybrid]
+            rows.append([c, t, hybrid, h / rate[c, t, "autoregressive"], h / best, h / rate[c, t, "transformers prompt lookup"],
+                         h / peer if peer else "-", rate[c, t, "autoregressive (A/A)"] / rate[c, t, "autoregressive"]])
+    return rows
+
+
 def table(data: dict) -> str:
     s = data["settings"]
     head = (f"Held-out prompts per category: {s['prompt_counts']}; {s['max_new_tokens']} new tokens; medians over prompts "
@@ -122,7 +141,9 @@ def table(data: dict) -> str:
     return head + markdown_table(
         ["category", "T", "engine", "tokens/s", "x our autoregressive", "target passes / token"],
         [[r["category"], r["temperature"], r["engine"], r["tokens_per_s"], r["vs_autoregressive"],
-          r["passes_per_token"] if r["passes_per_token"] is not None else "-"] for r in data["rows"]])
+          r["passes_per_token"] if r["passes_per_token"] is not None else "-"] for r in data["rows"]]) + "\n\n" + markdown_table(
+        ["category", "T", "hybrid", "x our autoregressive", "x best single source", "x transformers prompt lookup",
+         "x llama.cpp prompt lookup", "A/A"], summary(data))
 
 
 def plot(data: dict, path: Path) -> None:

@@ -8,6 +8,8 @@ import json
 import pytest
 
 from specdec_fast.cli import main
+from specdec_fast.bench.peer import peer_missing
+from specdec_fast.bench.workload import OURS
 from specdec_fast.data.workload import CATEGORIES, workload_prompts
 
 
@@ -40,7 +42,10 @@ def test_the_benchmark_runs_every_engine(capsys, tmp_path):
     assert status == 0
     data = json.loads((tmp_path / "workload.json").read_text())
     engines = {r["engine"] for r in data["rows"]}
-    assert len(engines) == 8 and {"hybrid", "prompt lookup", "autoregressive (A/A)", "transformers prompt lookup"} <= engines
-    ours = [r for r in data["rows"] if not r["engine"].startswith("transformers")]
+    peers = {"llama.cpp (F32)", "llama.cpp prompt lookup (F32)"} if peer_missing() is None else set()
+    assert engines - peers == {"transformers generate", "transformers prompt lookup", "transformers assisted (token draft)",
+                               *OURS}
+    assert engines & peers == peers  # with the [peer] extra installed, llama.cpp runs beside
+    ours = [r for r in data["rows"] if r["engine"] in OURS]
     assert all(r["passes_per_token"] is not None and 0 < r["passes_per_token"] <= 1 for r in ours)
     assert {p.name for p in tmp_path.iterdir()} == {"workload.json", "workload.md", "workload.png"}
