@@ -21,7 +21,7 @@ from .decoding import (
     warmup,
 )
 from .decoding.requests import chat_prompt_ids
-from .drafts import FeatureDraft, Hybrid, LookupCorpus, PromptLookup, load_feature_models
+from .drafts import FeatureDraft, load_feature_models
 from .kernels import SamplingParams, draft_step, verify
 from .models import CachedLM, load_smollm2
 from .policies import FixedDraftLength, MDPState, SpeculativePolicy, default_policy
@@ -30,7 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BatchGenerationOutput", "CachedLM", "FeatureDraft", "FixedDraftLength", "GenerationOutput", "GenerationStats",
-    "Hybrid", "LookupCorpus", "MDPState", "ProductionSpeculativeDecoder", "PromptLookup", "SamplingParams", "SpeculativeDecoder", "SpeculativePolicy",
+    "MDPState", "ProductionSpeculativeDecoder", "SamplingParams", "SpeculativeDecoder", "SpeculativePolicy",
     "batch_generate", "chat_prompt_ids", "default_policy", "draft_step", "fast_generate", "generate_autoregressive",
     "load_feature_models", "load_smollm2", "verify", "warmup",
 ]
@@ -41,7 +41,7 @@ _ELSEWHERE = {
                              "skinny_linear_int8", "warp_logits"),
     "specdec_fast.models": ("HFCachedLM", "as_cached_lm", "use_fast_passes", "use_int8_weights", "use_packed_gqa",
                             "use_skinny_linear"),
-    "specdec_fast.drafts": ("feature_pair", "load_feature_pair"),
+    "specdec_fast.drafts": ("Hybrid", "LookupCorpus", "PromptLookup", "feature_pair", "load_feature_pair"),
     "specdec_fast.policies": ("AcceptancePredictor", "ConfidenceThreshold", "CostAwarePolicy", "DraftPolicy", "EntropyStop",
                               "HeuristicSchedule", "PolicyNetwork", "ValueNetwork"),
     "specdec_fast.policies.monitoring": ("AdaptiveMonitoringSystem",),

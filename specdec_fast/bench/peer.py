@@ -86,8 +86,10 @@ class LlamaCppPeer:
 
         self._llama_cpp = llama_cpp
         draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens) if lookup_tokens else None
+        # A draft needs the logits of every position: llama-cpp-python sizes its score buffer by the
+        # logits_all argument (n_batch rows without it), so it is passed, not left to draft_model.
         self.llm = llama_cpp.Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=context, verbose=False,
-                                   draft_model=draft)
+                                   draft_model=draft, logits_all=draft is not None)
 
     def hold(self, ids: list[int]) -> None:
         """Fill the cache with ``ids``."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ..data.workload import CATEGORIES, workload_prompts
-from ..decoding import fast_generate, generate_autoregressive
+from ..decoding import batch_generate, fast_generate, generate_autoregressive
 from ..decoding.requests import chat_ids
 from ..drafts.hybrid import Hybrid
 from ..drafts.lookup import PromptLookup
@@ -86,10 +86,39 @@ def _engines(max_new_tokens: int) -> dict:
     }, tokenizer
 
 
+def _batched_engines(max_new_tokens: int) -> dict:
+    """(name -> run(list of B prompts' ids, temperature) -> (new tokens, target passes), the
+    tokenizer): batch_generate with each of our drafts, and without one."""
+    target, tokenizer = load_smollm2()
+    use_fast_passes(target)
+    feature = default_feature_draft(target)
+
+    def ours(draft, policy):
+        def run(group, temperature):
+            out = batch_generate(target, draft, input_ids=group, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 seeds=list(range(len(group))), policy=policy())
+            return sum(len(o.tokens) for o in out.outputs), sum(o.stats.target_calls for o in out.outputs)
+        return run
+
+    fixed = lambda: FixedDraftLength(LOOKUP_TOKENS)  # noqa: E731
+    return {
+        "autoregressive": ours(None, fixed),
+        "autoregressive (A/A)": ours(None, fixed),
+        "feature draft": ours(feature, lambda: default_policy(draft=feature)),
+        "prompt lookup": ours(PromptLookup(max_tokens=LOOKUP_TOKENS), fixed),
+        "hybrid": ours(Hybrid(feature, PromptLookup(max_tokens=LOOKUP_TOKENS)), lambda: default_policy(draft=feature)),
+    }, tokenizer
+
+
 def run(categories: list[str], prompts: int, temperatures: list[float], max_new_tokens: int, repeats: int,
-        out: Path = Path("results/workload")) -> dict:
-    engines, tokenizer = _engines(max_new_tokens)
-    chats = {c: [chat_ids(tokenizer, chat) for chat in workload_prompts(c)[:prompts]] for c in categories}
+        out: Path = Path("results/workload"), batch: int = 1) -> dict:
+    """Every engine on every prompt (``batch`` > 1: our engines in batch_generate on groups of
+    ``batch`` prompts) at each temperature; writes ``out``.{json,md,png}."""
+    if not 1 <= batch <= prompts:
+        raise ValueError(f"batch must be in 1..prompts ({prompts}), got {batch}")
+    engines, tokenizer = _engines(max_new_tokens) if batch == 1 else _batched_engines(max_new_tokens)
+    prompt_ids = {c: [chat_ids(tokenizer, chat) for chat in workload_prompts(c)[:prompts]] for c in categories}
+    chats = {c: [ids[i: i + batch] for i in range(0, len(ids) - batch + 1, batch)] for c, ids in prompt_ids.items()}
     cells = [(c, i, t, e) for c in categories for i in range(len(chats[c])) for t in temperatures for e in engines]
     samples = {cell: [] for cell in cells}
     order = random.Random(0)
@@ -97,7 +126,7 @@ def run(categories: list[str], prompts: int, temperatures: list[float], max_new_
         order.shuffle(cells)
         for c, i, t, e in cells:
             start = time.perf_counter()
-            tokens, passes = engines[e](chats[c][i], t)
+            tokens, passes = engines[e](chats[c][i] if batch > 1 else chats[c][i][0], t)
             samples[c, i, t, e].append((tokens / (time.perf_counter() - start), passes / tokens if passes else None))
     rows = []
     for c in categories:
@@ -112,8 +141,8 @@ def run(categories: list[str], prompts: int, temperatures: list[float], max_new_
         base = next(x for x in rows if (x["category"], x["temperature"], x["engine"]) == (r["category"], r["temperature"], "autoregressive"))
         r["vs_autoregressive"] = r["tokens_per_s"] / base["tokens_per_s"]
     data = dict(machine=machine(), settings=dict(categories=categories, prompts=prompts, temperatures=temperatures,
-                                                 max_new_tokens=max_new_tokens, repeats=repeats,
-                                                 prompt_counts={c: len(chats[c]) for c in categories}), rows=rows)
+                                                 max_new_tokens=max_new_tokens, repeats=repeats, batch=batch,
+                                                 prompt_counts={c: len(chats[c]) * batch for c in categories}), rows=rows)
     write_results(out, data, table(data))
     plot(data, out.with_suffix(".png"))
     return data
@@ -126,18 +155,20 @@ def summary(data: dict) -> list[list]:
     rate = {(r["category"], r["temperature"], r["engine"]): r["tokens_per_s"] for r in data["rows"]}
     for c, t in dict.fromkeys((r["category"], r["temperature"]) for r in data["rows"]):
         best = max(rate[c, t, "feature draft"], rate[c, t, "prompt lookup"])
-        peer = rate.get((c, t, "llama.cpp prompt lookup (F32)"))
+        peers = [rate.get((c, t, name)) for name in ("transformers prompt lookup", "llama.cpp prompt lookup (F32)")]
         for hybrid in ("hybrid", "hybrid (learned chooser)"):
-            h = rate[c, t, hybrid]
-            rows.append([c, t, hybrid, h / rate[c, t, "autoregressive"], h / best, h / rate[c, t, "transformers prompt lookup"],
-                         h / peer if peer else "-", rate[c, t, "autoregressive (A/A)"] / rate[c, t, "autoregressive"]])
+            if (c, t, hybrid) in rate:
+                h = rate[c, t, hybrid]
+                rows.append([c, t, hybrid, h / rate[c, t, "autoregressive"], h / best, *(h / p if p else "-" for p in peers),
+                             rate[c, t, "autoregressive (A/A)"] / rate[c, t, "autoregressive"]])
     return rows
 
 
 def table(data: dict) -> str:
     s = data["settings"]
-    head = (f"Held-out prompts per category: {s['prompt_counts']}; {s['max_new_tokens']} new tokens; medians over prompts "
-            f"of {s['repeats']} repeat(s). Our engines run the target on the lean fp32 path.\n\n")
+    batched = f"our engines in batch_generate, {s['batch']} prompts per batch; " if s.get("batch", 1) > 1 else ""
+    head = (f"Held-out prompts per category: {s['prompt_counts']}; {batched}{s['max_new_tokens']} new tokens; medians over "
+            f"prompts of {s['repeats']} repeat(s). Our engines run the target on the lean fp32 path.\n\n")
     return head + markdown_table(
         ["category", "T", "engine", "tokens/s", "x our autoregressive", "target passes / token"],
         [[r["category"], r["temperature"], r["engine"], r["tokens_per_s"], r["vs_autoregressive"],

@@ -21,8 +21,9 @@ def _out(args, name: str) -> Path:
 
 def _bench(args) -> int:
     if args.workload:
+        name = "workload" if args.batch == 1 else f"workload_batch{args.batch}"
         data = workload.run(args.categories, args.prompts or 4, args.temperatures, args.max_new_tokens, args.repeats,
-                            _out(args, "workload"))
+                            _out(args, name), args.batch)
         print(workload.table(data))
         return 0
     data = e2e.run(args.prompts, args.lengths, args.feature_lengths, args.temperatures, args.max_new_tokens,
@@ -96,6 +97,8 @@ def add_parsers(commands, common: argparse.ArgumentParser) -> None:
     bench = commands.add_parser("bench", parents=[results], help="end-to-end benchmark on the held-out prompts (benchmarks/e2e.py)")
     bench.add_argument("--prompts", type=int, default=None,
                        help="an evenly spaced subset of N held-out prompts (default: all 34; --workload: the first 4 per category)")
+    bench.add_argument("--batch", type=int, default=1,
+                       help="--workload: run our engines in batch_generate on groups of this many prompts")
     bench.add_argument("--workload", action="store_true",
                        help="the workload benchmark instead: by prompt category, transformers' engines beside ours, with "
                             "prompt lookup and the hybrid (specdec_fast/bench/workload.py)")

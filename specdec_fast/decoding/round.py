@@ -125,7 +125,7 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
     lens, width = list(lens), max(budgets, default=0)
     tokens, probs, first_logits, passes, withheld, point_mass = [], [], None, 0, False, None
     u = padded(uniforms, width)
-    if max(lens, default=0):
+    if max(lens, default=0):  # lens all 0: no speculation this round, from any source
         seen = draft.lengths.tolist()
         if hasattr(draft, "begin_round"):  # a lookup draft: what it is fed now is committed
             draft.begin_round(sampling)
@@ -133,10 +133,11 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
         first_logits, passes = logits, 1
         if hasattr(draft, "plan_lengths"):
             lens = draft.plan_lengths(lens, budgets)
-            point_mass = draft.point_mass_rows if bool(draft.point_mass_rows.any()) else None
-            planned = draft.planned(max(lens, default=0)) if point_mass is not None and bool(point_mass.all()) else None
-            if planned is not None:
-                return looked_up_drafts(planned, lens, passes, first_logits, point_mass, eos, sampling, policy)
+            rows = draft.point_mass_rows
+            point_mass = rows if bool(rows.any()) else None
+            if bool(rows.all()):
+                return looked_up_drafts(draft.planned(max(lens, default=0)), lens, passes, first_logits, rows, eos,
+                                        sampling, policy)
     width = max(lens, default=0)
     for i in range(width):
         step = draft_step(logits, sampling=sampling, uniforms=u[:, i].to(logits.device))
@@ -182,9 +183,7 @@ def verify_drafts(target_logits: Tensor, drafts: Drafts, verify_uniforms: list[T
                   verifier: str) -> Verified:
     """Verify ``drafts`` against the target's logits [B, k + 1, V]. verify_uniforms[b]: row b's
     lens[b] + 1 uniforms (its acceptance tests, then the emitted token's sample)."""
-    batch, k_plus_1, vocab = target_logits.shape
-    device = target_logits.device
-    k = k_plus_1 - 1
+    device, k = target_logits.device, target_logits.shape[1] - 1
     uniforms = padded([u[:n] for u, n in zip(verify_uniforms, drafts.lens)], k + 1)
     uniforms[:, k] = torch.stack([u[n] for u, n in zip(verify_uniforms, drafts.lens)])
     q = drafts.probs.to(device) if drafts.probs is not None else None

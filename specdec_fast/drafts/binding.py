@@ -24,8 +24,10 @@ def draft_kind(draft) -> str:
     "token" for any other draft; a hybrid is the kind of its model (the rounds a policy decides)."""
     if isinstance(draft, (PromptLookup, LookupLM)):
         return "lookup"
-    if isinstance(draft, (Hybrid, HybridLM)):
-        return draft_kind(getattr(draft.model, "lm", draft.model))  # a cache of one sequence wraps its model's
+    if isinstance(draft, Hybrid):
+        return draft_kind(draft.model)
+    if isinstance(draft, HybridLM):  # a cache of one sequence wraps its model's
+        return draft_kind(draft.model.lm if isinstance(draft.model, OneSequence) else draft.model)
     return "feature" if isinstance(draft, (FeatureDraft, FeatureDraftLM, BatchedFeatureDraft)) else "token"
 
 

@@ -90,6 +90,8 @@ class HybridLM:
     def reset(self) -> None:
         self.lookup.reset()
         self.model.reset()
+        if self.chooser is not None:
+            self.chooser.reset(self.lookup.batch)
 
     def extend(self, tokens: Tensor, fed: Tensor, num_logits: int) -> Tensor:
         """Feed both sources as their rows need (see the module's docstring); returns logits

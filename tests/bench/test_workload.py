@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from specdec_fast.cli import main
 from specdec_fast.bench.peer import peer_missing
 from specdec_fast.bench.workload import OURS
+from specdec_fast.cli import main
 from specdec_fast.data.workload import CATEGORIES, workload_prompts
 
 
@@ -49,3 +49,18 @@ def test_the_benchmark_runs_every_engine(capsys, tmp_path):
     ours = [r for r in data["rows"] if r["engine"] in OURS]
     assert all(r["passes_per_token"] is not None and 0 < r["passes_per_token"] <= 1 for r in ours)
     assert {p.name for p in tmp_path.iterdir()} == {"workload.json", "workload.md", "workload.png"}
+
+
+@pytest.mark.slow
+def test_the_batched_benchmark_runs_our_engines_in_batches(capsys, tmp_path):
+    status = main(["bench", "--workload", "--batch", "2", "--categories", "grounded", "--prompts", "2", "--temperatures", "0",
+                   "--max-new-tokens", "8", "--out", str(tmp_path)])
+    assert status == 0
+    data = json.loads((tmp_path / "workload_batch2.json").read_text())
+    assert {r["engine"] for r in data["rows"]} == {"autoregressive", "autoregressive (A/A)", "feature draft", "prompt lookup",
+                                                  "hybrid"}
+    assert data["settings"]["batch"] == 2 and data["settings"]["prompt_counts"] == {"grounded": 2}
+    passes = {r["engine"]: r["passes_per_token"] for r in data["rows"]}  # (the prefill counts: 9 passes for 8 tokens)
+    assert passes["prompt lookup"] < passes["autoregressive"] == passes["autoregressive (A/A)"]
+    assert main(["bench", "--workload", "--batch", "3", "--prompts", "2", "--out", str(tmp_path)]) == 2
+    assert "batch must be in 1..prompts (2), got 3" in capsys.readouterr().err

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec_fast import batch_generate, fast_generate, generate_autoregressive
-from specdec_fast.drafts.binding import batched_pair
+from specdec_fast.drafts.binding import batched_pair, cached_pair, draft_kind
 from specdec_fast.drafts.hybrid import Hybrid
 from specdec_fast.drafts.lookup import PromptLookup
 from specdec_fast.models.batched_lm import right_aligned
@@ -102,3 +102,12 @@ def test_the_chooser_decides_per_row_and_sees_each_round():
 
 def tiny_pair_models():
     return tiny_llama(10, vocab=16, context=128), tiny_llama(11, vocab=16, layers=1, context=128)
+
+
+def test_a_hybrid_is_the_kind_of_its_model():
+    """The policy a hybrid gets is its model's (a feature draft's `lm` is its target, not a wrapper)."""
+    target = tiny_llama(10, vocab=16, context=128)
+    assert draft_kind(Hybrid(feature_draft(target))) == "feature"
+    assert draft_kind(Hybrid(tiny_llama(11, vocab=16, layers=1))) == "token"
+    _, one = cached_pair(target, Hybrid(feature_draft(target)))
+    assert draft_kind(one) == "feature"
