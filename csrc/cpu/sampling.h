@@ -15,6 +15,7 @@
 #include <memory>
 #include <type_traits>
 
+#include "../verify_status.h"
 #include "simd.h"
 
 namespace specdec {
@@ -25,18 +26,6 @@ constexpr int64_t kFlush = 16;         // vectors summed in fp32 before adding i
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
-// A verified row's status: what is wrong with its inputs, the first problem found in this
-// order (specdec_fast/kernels/reference/verify.py STATUS; Python raises the matching error).
-enum Status : int64_t {
-  kOk = 0,
-  kBadLength = 1,    // draft length outside [0, K]
-  kBadToken = 2,     // a drafted token outside [0, V)
-  kBadUniform = 3,   // a uniform outside (0, 1]
-  kNaN = 4,          // a target row read holds NaN
-  kPosInfinity = 5,  // ... or +inf
-  kAllNegInf = 6,    // ... or only -inf
-  kBadDraft = 7,     // a draft probability read is NaN, negative or infinite
-};
 
 struct Sampling {
   float temperature;  // 0 = greedy
@@ -345,24 +334,6 @@ inline int64_t sample_inverse_cdf(const float* w, const double* chunk_sum, int64
   for (int64_t i = V - 1; i > 0; --i)  // rounding put the target past the end: the last token of weight > 0
     if (w[i] > 0.0f) return i;
   return 0;
-}
-
-// The status of a row's draft lengths, tokens and uniforms (u: [K+1]); kOk if all are valid.
-inline Status check_row(const int64_t* tokens, int64_t len, int64_t K, int64_t V, const float* u) {
-  if (len < 0 || len > K) return kBadLength;
-  for (int64_t i = 0; i < len; ++i)
-    if (tokens[i] < 0 || tokens[i] >= V) return kBadToken;
-  for (int64_t i = 0; i <= K; ++i)
-    if (!(u[i] > 0.0f && u[i] <= 1.0f)) return kBadUniform;
-  return kOk;
-}
-
-// q_j(X_j): 1 for a point-mass draft (q == nullptr), else the draft's probability, NaN if it is
-// not a probability (negative or infinite).
-inline float draft_prob(const float* q, int64_t j, int64_t V, int64_t x) {
-  if (q == nullptr) return 1.0f;
-  const float qx = q[j * V + x];
-  return qx >= 0.0f && qx < kPosInf ? qx : std::numeric_limits<float>::quiet_NaN();
 }
 
 // Samples the token emitted at a stop: from max(0, p_scale p - q) (q == nullptr: p_scale p with

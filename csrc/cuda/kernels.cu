@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "../philox.h"
+#include "../verify_status.h"
 #include "kernels.h"
 
 namespace specdec::cuda {
@@ -35,10 +36,6 @@ constexpr int kUnroll = 32;  // loads in flight per thread in a streaming pass o
 constexpr int kItems = 16;   // consecutive entries per thread in a sampling tile
 constexpr int kTile = kThreads * kItems;
 constexpr float kResidualEps = 1e-6f;  // reference/verify.py RESIDUAL_EPS
-
-// A verified row's status (reference/verify.py STATUS; csrc/cpu/sampling.h Status).
-enum Status : int64_t { kOk = 0, kBadLength = 1, kBadToken = 2, kBadUniform = 3, kNaN = 4, kPosInfinity = 5,
-                        kAllNegInf = 6, kBadDraft = 7 };
 
 // 2 for NaN, 1 for +inf, else 0: reduced with Max over a row, NaN wins.
 __device__ __forceinline__ int bad_value(float z) { return isnan(z) ? 2 : (z == INFINITY ? 1 : 0); }
@@ -596,24 +593,8 @@ __device__ Request this_request(int64_t K, int64_t V) {
   return {blockIdx.x / g.size, K, V, g, this_slice(V, g)};
 }
 
-// The status of a row's draft length, tokens and uniforms (u: the row's [K+1]); every thread
-// reads the same values, so the result is uniform over the group.
-__device__ Status check_row(const int64_t* tokens, int64_t len, int64_t K, int64_t V, const float* u) {
-  if (len < 0 || len > K) return kBadLength;
-  for (int64_t i = 0; i < len; ++i)
-    if (tokens[i] < 0 || tokens[i] >= V) return kBadToken;
-  for (int64_t i = 0; i <= K; ++i)
-    if (!(u[i] > 0.0f && u[i] <= 1.0f)) return kBadUniform;
-  return kOk;
-}
-
-// q_j(X_j): 1 for a point-mass row (q == nullptr), else the draft's probability, NaN if it is
-// not a probability.
-__device__ __forceinline__ float draft_prob(const float* q, int64_t j, int64_t V, int64_t x) {
-  if (q == nullptr) return 1.0f;
-  const float q_x = q[j * V + x];
-  return q_x >= 0.0f && q_x < INFINITY ? q_x : NAN;
-}
+// check_row and draft_prob (../verify_status.h) read the same values in every thread of a group,
+// so their results are uniform over it.
 
 // The token emitted after `accepted` drafts of the request: argmax for greedy rows; else a
 // sample of max(scale p - q, 0) at a stop before the draft's end (p if that has no mass), of p

@@ -8,9 +8,11 @@ tokens follow the target chain exactly, whatever the draft and the draft lengths
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Callable
 
+import pytest
 import torch
 from torch import Tensor
 
@@ -19,6 +21,15 @@ from specdec_fast.kernels import warp_logits
 from helpers.distribution import chi_square, counts
 
 START = 0  # the "previous token" before position 0
+SAMPLING = {  # name: (top_k, top_p)
+    "plain": (0, 1.0),
+    "top_k": (3, 1.0),
+    "top_p": (0, 0.8),
+    "top_k+top_p": (5, 0.9),
+}
+# (temperature, K, V) of the chi-square grid; the fast tier runs one cell per sampling setting.
+GRID = [pytest.param(t, k, v, marks=[] if (t, k) == (1.0, 3) else [pytest.mark.slow])
+        for t in (0.7, 1.0, 1.5) for k, v in ((1, 64), (3, 16), (5, 8))]
 
 
 @dataclass
@@ -41,6 +52,12 @@ class MarkovPair:
     @property
     def k(self) -> int:
         return self.draft_logits.shape[0]
+
+
+def grid_pair(temperature: float, k: int, vocab: int, sampling: str, salt: str = "") -> tuple[MarkovPair, int]:
+    """(the pair of one GRID cell with SAMPLING[sampling], the seed of its trials)."""
+    seed = zlib.crc32(f"{salt}{k},{vocab},{temperature},{sampling}".encode())
+    return make_pair(k, vocab, temperature, *SAMPLING[sampling], seed), seed + 1
 
 
 def make_pair(k: int, vocab: int, temperature: float, top_k: int, top_p: float, seed: int) -> MarkovPair:

@@ -4,7 +4,7 @@ q_i is one-hot at X_i, so X_i is accepted with probability p_i(X_i) and a reject
 from p_i with X_i removed. Losslessness holds for any proposal chosen without the verifier's
 uniforms; here the proposals are drawn from a related chain, then verified as point masses.
 Chi-square at every position and adjacent pair, every backend, token-wise and block, with
-temperature, top-k and top-p; mixed batches; the exact equality with a one-hot q tensor; a
+temperature, top-k and top-p (test_verify.py's grid, draft "point mass"); mixed batches; the exact equality with a one-hot q tensor; a
 negative control that must fail."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from helpers.markov import failing_positions, make_pair, run_trials
 
 TRIALS = 20_000
 BACKENDS = ("torch", "cpu") + (("triton", "cuda") if GPU else ())
-SAMPLING = {"plain": (0, 1.0), "top_k": (3, 1.0), "top_p": (0, 0.8), "top_k+top_p": (5, 0.9)}
 
 
 def on(backend: str, *tensors):
@@ -47,20 +46,6 @@ def point_mass_verifier(pair, backend: str, rule: str, mixed: bool = False):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("rule", ["token", "block"])
-@pytest.mark.parametrize("sampling", list(SAMPLING))
-@pytest.mark.parametrize("temperature,k,vocab", [
-    pytest.param(t, k, v, marks=[] if (t, k) == (1.0, 3) else [pytest.mark.slow])
-    for t in (0.7, 1.0, 1.5) for k, v in ((1, 64), (3, 16), (5, 8))])
-def test_point_mass_drafts_follow_target(backend, rule, sampling, temperature, k, vocab):
-    top_k, top_p = SAMPLING[sampling]
-    seed = zlib.crc32(f"point {k},{vocab},{temperature},{sampling}".encode())
-    pair = make_pair(k, vocab, temperature, top_k, top_p, seed)
-    seq = run_trials(pair, point_mass_verifier(pair, backend, rule), TRIALS, seed + 1)
-    assert failing_positions(pair, seq) == []
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("rule", ["token", "block"])
 def test_mixed_batches_follow_target(backend, rule):
     """Half the rows verified against their q, half as point masses, in one call."""
     pair = make_pair(3, 16, 0.8, 5, 0.9, seed=zlib.crc32(b"mixed"))
@@ -71,12 +56,12 @@ def test_mixed_batches_follow_target(backend, rule):
 @pytest.mark.slow
 def test_interpreted_triton_point_masses_follow_target():
     """Triton under the interpreter (no GPU): block verification of point masses (the closed
-    form), plain sampling, 1,000 trials; every rule's tokens equal the reference's on the same
+    form), plain sampling, 600 trials; every rule's tokens equal the reference's on the same
     uniforms (test_kernels_match_reference), which the full grid checks."""
     if GPU:
         pytest.skip("a GPU is present: Triton runs the full grid above")
     pair = make_pair(3, 16, 1.0, 0, 1.0, seed=zlib.crc32(b"triton point"))
-    seq = run_trials(pair, point_mass_verifier(pair, "triton", "block"), 1000, seed=5)
+    seq = run_trials(pair, point_mass_verifier(pair, "triton", "block"), 600, seed=5)
     assert failing_positions(pair, seq) == []
 
 

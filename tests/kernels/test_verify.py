@@ -7,6 +7,7 @@ import zlib
 
 import pytest
 import torch
+from test_point_mass import point_mass_verifier
 
 from specdec_fast import VerifyOutput, verify
 from specdec_fast.kernels import SamplingParams
@@ -14,7 +15,7 @@ from specdec_fast.kernels.sampling import sample_inverse_cdf
 
 from helpers.backends import GPU, TRITON_DEVICE
 from helpers.distribution import chi_square, counts
-from helpers.markov import failing_positions, make_pair, run_trials
+from helpers.markov import GRID, SAMPLING, failing_positions, grid_pair, make_pair, run_trials
 
 TRIALS = 20_000
 # Every backend that runs here, on CPU tensors. Under TRITON_INTERPRET=1 a Triton program
@@ -22,12 +23,6 @@ TRIALS = 20_000
 # reduced grid below; on a GPU it gets the full one.
 INTERPRETED = TRITON_DEVICE == "cpu"
 BACKENDS = ("torch", "cpu") + (("triton", "cuda") if GPU else ())
-SAMPLING = {  # name: (top_k, top_p)
-    "plain": (0, 1.0),
-    "top_k": (3, 1.0),
-    "top_p": (0, 0.8),
-    "top_k+top_p": (5, 0.9),
-}
 
 
 def verify_on(backend: str, *tensors, **kwargs) -> VerifyOutput:
@@ -49,14 +44,14 @@ def verifier(pair, backend: str, rule: str = "token"):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("rule", ["token", "block"])
 @pytest.mark.parametrize("sampling", list(SAMPLING))
-@pytest.mark.parametrize("temperature,k,vocab", [
-    pytest.param(t, k, v, marks=[] if (t, k) == (1.0, 3) else [pytest.mark.slow])  # the fast tier: one cell per setting
-    for t in (0.7, 1.0, 1.5) for k, v in ((1, 64), (3, 16), (5, 8))])
-def test_every_position_follows_target(backend, rule, sampling, temperature, k, vocab):
-    top_k, top_p = SAMPLING[sampling]
-    seed = zlib.crc32(f"{k},{vocab},{temperature},{sampling}".encode())
-    pair = make_pair(k, vocab, temperature, top_k, top_p, seed)
-    seq = run_trials(pair, verifier(pair, backend, rule), TRIALS, seed + 1)
+@pytest.mark.parametrize("temperature,k,vocab", GRID)
+@pytest.mark.parametrize("draft", ["model", "point mass"])
+def test_every_position_follows_target(backend, rule, sampling, temperature, k, vocab, draft):
+    """Drafts sampled from q and verified against it, or the same tokens verified as fixed
+    proposals (point masses, ``draft_probs=None``)."""
+    pair, seed = grid_pair(temperature, k, vocab, sampling, "" if draft == "model" else "point ")
+    fn = verifier(pair, backend, rule) if draft == "model" else point_mass_verifier(pair, backend, rule)
+    seq = run_trials(pair, fn, TRIALS, seed)
     assert failing_positions(pair, seq) == []
 
 
