@@ -188,7 +188,8 @@ def _point_mass(draft_probs: Tensor | None, point_mass: Tensor | None, target: T
 
 
 def _raise_for_status(status: Tensor, target_is_probs: bool) -> None:
-    """ValueError for the first bad row of a verify op's status [B] (one host sync on CUDA)."""
+    """ValueError for a verify op's status [B]: the largest code among the rows, and the first row
+    with it (one host sync on CUDA; the rest only on an error)."""
     code = int(status.max()) if status.numel() else 0
     if code == 0:
         return
