@@ -19,7 +19,7 @@ struct VerifyInputs {
   at::Tensor uniforms;     // [B, K+1] fp32
   int64_t B, K, V;
 
-  // Row b's q [K, V], or nullptr for a point-mass row (host or device pointer; point_mass on the host).
+  // Row b's q [K, V], or nullptr for a point-mass row (the CPU kernels'; point_mass read on the host).
   const float* q_row(int64_t b, const bool* point_mass_host) const {
     return !q.defined() || point_mass_host[b] ? nullptr : q.data_ptr<float>() + b * K * V;
   }

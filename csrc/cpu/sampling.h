@@ -26,7 +26,6 @@ constexpr int64_t kFlush = 16;         // vectors summed in fp32 before adding i
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
-
 struct Sampling {
   float temperature;  // 0 = greedy
   int64_t top_k;      // <= 0 or >= V: off

@@ -51,11 +51,11 @@ class Drafts:
 
     def dense_probs(self, vocab: int) -> Tensor:
         """probs [B, k, V], with the point-mass rows one-hot (for callbacks that read q)."""
+        if self.probs is not None and self.point_mass is None:
+            return self.probs
         one_hot = torch.nn.functional.one_hot(self.tokens.clamp(min=0), vocab).float()
         if self.probs is None:
             return one_hot
-        if self.point_mass is None:
-            return self.probs
         return torch.where(self.point_mass[:, None, None].to(self.probs.device), one_hot.to(self.probs.device), self.probs)
 
 

@@ -231,8 +231,10 @@ def draft_step(
     _check_logits(logits, "logits")
     temperature, top_k, top_p = sampling.as_tensors(batch, device)
     backend = resolve(backend, device)
+    given = uniforms is not None
     uniforms = _uniforms((batch,), uniforms, generator, seed, offset, device, backend)
-    _check_uniform_values(uniforms)
+    if given:  # (drawn ones are in (0, 1] by construction)
+        _check_uniform_values(uniforms)
     return DraftStepOutput(*op("draft_step", backend)(logits, temperature, top_k, top_p, uniforms))
 
 

@@ -72,7 +72,7 @@ def verify_reference(
     uniforms: Tensor,  # [B, K+1] in (0, 1]: K acceptance tests, then one for the emitted sample
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (num_accepted [B], tokens [B, K+1], num_emitted [B], status [B]), all int64."""
-    v = verified_inputs(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature, top_k, top_p,
+    v = checked_inputs(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature, top_k, top_p,
                         uniforms)
     batch, k = v.tokens.shape
     rows = torch.arange(batch, device=target_logits.device)
@@ -89,7 +89,7 @@ def verify_reference(
     return num_accepted, emitted_tokens(v.tokens, num_accepted, y), num_accepted + 1, v.status
 
 
-class Verified(NamedTuple):
+class CheckedInputs(NamedTuple):
     """What both verifiers start from, with bad entries replaced so that the math runs (their
     rows' status says what was wrong)."""
 
@@ -103,8 +103,10 @@ class Verified(NamedTuple):
     status: Tensor  # [B] int64, see STATUS
 
 
-def verified_inputs(target_logits: Tensor, draft_probs: Tensor | None, point_mass: Tensor, draft_tokens: Tensor,
-                    draft_lens: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniforms: Tensor) -> Verified:
+def checked_inputs(target_logits: Tensor, draft_probs: Tensor | None, point_mass: Tensor, draft_tokens: Tensor,
+                    draft_lens: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniforms: Tensor) -> CheckedInputs:
+    """The verify op's arguments (see verify_reference) checked row by row (the status) and made
+    ready for both verifiers: p warped, q with one-hot rows for point masses, tokens in range."""
     batch, k_plus_1, vocab = target_logits.shape
     k, device = k_plus_1 - 1, target_logits.device
     lens = draft_lens.clamp(0, k)
@@ -142,7 +144,7 @@ def verified_inputs(target_logits: Tensor, draft_probs: Tensor | None, point_mas
     p = warp_logits(x, expand(temperature), expand(top_k), expand(top_p))
     p_x = p[:, :k].gather(-1, tokens[..., None]).squeeze(-1)
     q_x = q.gather(-1, tokens[..., None]).squeeze(-1)
-    return Verified(p, q, tokens, lens, drafted, p_x, q_x, status)
+    return CheckedInputs(p, q, tokens, lens, drafted, p_x, q_x, status)
 
 
 def emitted_tokens(draft_tokens: Tensor, num_accepted: Tensor, y: Tensor) -> Tensor:

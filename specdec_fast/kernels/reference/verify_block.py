@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from ..sampling import sample_inverse_cdf
-from .verify import RESIDUAL_EPS, emitted_tokens, verified_inputs
+from .verify import RESIDUAL_EPS, checked_inputs, emitted_tokens
 
 
 def verify_block_reference(
@@ -40,7 +40,7 @@ def verify_block_reference(
     uniforms: Tensor,  # [B, K+1] in (0, 1]: u_1..u_K, then one for the emitted sample
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (num_accepted [B], tokens [B, K+1], num_emitted [B], status [B]), as verify_reference."""
-    v = verified_inputs(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature, top_k, top_p,
+    v = checked_inputs(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature, top_k, top_p,
                         uniforms)
     p, q, lens = v.p, v.q, v.lens
     p_x, q_x = v.p_x.double(), v.q_x.double()
