@@ -71,22 +71,17 @@ struct DecoderScratch {
   float *h, *qkv, *attn, *gate_up, *act, *tmp;
 };
 
-constexpr int64_t kLinearChunk = 16;  // output rows per work item: 16 weight rows stay in L1
+constexpr int64_t kLinearChunk = 16;  // output rows per work item
 
 // y [M, out] = x [M, in] L^T, output rows split across the team (call inside a parallel
-// region). Each chunk of weight rows is read from memory once and applied to every block of
-// up to kSkinnyMaxRows input rows, so M may exceed what one kernel call takes.
+// region); after(n0, n1) runs on each chunk of output columns once it is done.
 template <typename W, typename After>
 void linear_for(const float* x, int64_t M, const Linear<W>& L, float* y, After after) {
   const int64_t chunks = (L.out + kLinearChunk - 1) / kLinearChunk;
 #pragma omp for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t n0 = c * kLinearChunk, n1 = std::min(L.out, n0 + kLinearChunk);
-    for (int64_t m0 = 0; m0 < M; m0 += kSkinnyMaxRows) {
-      const int64_t rows = std::min<int64_t>(kSkinnyMaxRows, M - m0);
-      skinny_linear_kernel<W>(static_cast<int>(rows))(x + m0 * L.in, L.weight, L.scale, y + m0 * L.out, L.in, L.out,
-                                                      n0, n1);
-    }
+    skinny_linear<W>(x, M, L.weight, L.scale, y, L.in, L.out, n0, n1);
     after(n0, n1);
   }
 }
@@ -122,6 +117,29 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// scores[j] = dot(q, keys + seen(j) hd) * scale for j < n. With AVX-512, 16 keys at a time:
+// each key's products summed as dot sums them, the 16 sums reduced at once (reduce_add16,
+// the same additions), so the scores are dot's to the bit, whatever n.
+template <typename Seen>
+inline void attention_scores(const float* q, const float* keys, int64_t hd, int64_t n, float scale, Seen seen,
+                             float* scores) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if (hd % kWidth == 0)
+    for (; j + 16 <= n; j += 16) {
+      vfloat acc[16];
+      for (int l = 0; l < 16; ++l) {
+        const float* key = keys + seen(j + l) * hd;
+        vfloat a{};
+        for (int64_t i = 0; i < hd; i += kWidth) a = fma(load(q + i), load(key + i), a);
+        acc[reduce16_slot(l)] = a;
+      }
+      store(scores + j, reduce_add16(acc) * scale);
+    }
+#endif
+  for (; j < n; ++j) scores[j] = dot(q, keys + seen(j) * hd, hd) * scale;
+}
+
 // scores[0, n) = exp(scores - max) in place (vectorised); returns their sum. The buffer has
 // room for n rounded up to kWidth.
 inline float softmax_numerators(float* scores, int64_t n) {
@@ -142,6 +160,34 @@ inline float softmax_numerators(float* scores, int64_t n) {
     total += e;
   }
   return reduce_add(total);
+}
+
+// out[i] = sum_j scores[j] values[seen(j) hd + i] / total for i < hd, each sum taken in order of
+// j by FMA. Four vectors of dimensions at a time: four chains of FMAs in flight, not one.
+template <typename Seen>
+inline void attention_values(const float* scores, const float* values, int64_t hd, int64_t n, float total, Seen seen,
+                             float* out) {
+  constexpr int kChains = 4;
+  int64_t i = 0;
+  for (; i + kChains * kWidth <= hd; i += kChains * kWidth) {
+    vfloat acc[kChains] = {};
+    for (int64_t j = 0; j < n; ++j) {
+      const vfloat p = splat(scores[j]);
+      const float* v = values + seen(j) * hd + i;
+      for (int c = 0; c < kChains; ++c) acc[c] = fma(p, load(v + c * kWidth), acc[c]);
+    }
+    for (int c = 0; c < kChains; ++c) store(out + i + c * kWidth, acc[c] / total);
+  }
+  for (; i + kWidth <= hd; i += kWidth) {
+    vfloat acc{};
+    for (int64_t j = 0; j < n; ++j) acc = fma(splat(scores[j]), load(values + seen(j) * hd + i), acc);
+    store(out + i, acc / total);
+  }
+  for (; i < hd; ++i) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < n; ++j) acc += scores[j] * values[seen(j) * hd + i];
+    out[i] = acc / total;
+  }
 }
 
 // Bias, rotary embedding of q and k, and the keys and values written to the cache.
@@ -176,20 +222,9 @@ inline void attention_for(const float* qkv, float* attn, const PassTokens& t, co
     const float* values = cache.slot(t.row[m], layer, 1, h / group, 0);
     const auto seen = [&](int64_t j) { return j + 1 < n ? j : t.slot[m]; };  // the j-th slot it attends to
     if (static_cast<int64_t>(scores.size()) < n + kWidth) scores.resize(n + kWidth);
-    for (int64_t j = 0; j < n; ++j) scores[j] = dot(q, keys + seen(j) * hd, hd) * scale;
+    attention_scores(q, keys, hd, n, scale, seen, scores.data());
     const float total = softmax_numerators(scores.data(), n);
-    float* out = attn + m * s.heads * hd + h * hd;
-    int64_t i = 0;
-    for (; i + kWidth <= hd; i += kWidth) {
-      vfloat acc{};
-      for (int64_t j = 0; j < n; ++j) acc = fma(splat(scores[j]), load(values + seen(j) * hd + i), acc);
-      store(out + i, acc / total);
-    }
-    for (; i < hd; ++i) {
-      float acc = 0.0f;
-      for (int64_t j = 0; j < n; ++j) acc += scores[j] * values[seen(j) * hd + i];
-      out[i] = acc / total;
-    }
+    attention_values(scores.data(), values, hd, n, total, seen, attn + m * s.heads * hd + h * hd);
   }
 }
 

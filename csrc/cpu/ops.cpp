@@ -134,11 +134,12 @@ at::Tensor skinny_linear_impl(const at::Tensor& x, const at::Tensor& weight, con
   const int64_t M = xc.size(0), K = xc.size(1), N = w.size(0);
   TORCH_CHECK(M >= 1 && M <= specdec::kSkinnyMaxRows && w.size(1) == K, "skinny_linear: bad shapes");
   at::Tensor y = at::empty({M, N}, xc.options());
-  const auto kernel = specdec::skinny_linear_kernel<W>(static_cast<int>(M));
   const float* x_ptr = xc.data_ptr<float>();
   const W* w_ptr = w.data_ptr<W>();
   float* y_ptr = y.data_ptr<float>();
-  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) { kernel(x_ptr, w_ptr, scale, y_ptr, K, N, begin, end); });
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    specdec::skinny_linear<W>(x_ptr, M, w_ptr, scale, y_ptr, K, N, begin, end);
+  });
   return y;
 }
 

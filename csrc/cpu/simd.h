@@ -85,6 +85,25 @@ inline float reduce_add(vfloat v) {
   return s;
 #endif
 }
+#if defined(__AVX512F__)
+// The slot of v that reduce_add16 sums into lane l, and the lane that sums slot l (a 4 x 4
+// transpose: its own inverse).
+constexpr int reduce16_slot(int l) { return 4 * (l % 4) + l / 4; }
+// Lane l: reduce_add(v[reduce16_slot(l)]), the same tree of additions (so the same bits), for
+// 16 vectors at once in 45 shuffles and adds instead of 16 x 8.
+inline vfloat reduce_add16(const vfloat v[16]) {
+  __m512 u[8], w[4], x[2];
+  for (int i = 0; i < 8; ++i) {  // lanes l and l + 8 of v[2i] (low half), of v[2i + 1] (high half)
+    const __m512 a = (__m512)v[2 * i], b = (__m512)v[2 * i + 1];
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  }
+  for (int i = 0; i < 4; ++i)  // then l and l + 4 within each half
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88), _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i)  // l and l + 2 within each quarter
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0x44), _mm512_shuffle_ps(w[2 * i], w[2 * i + 1], 0xEE));
+  return (vfloat)_mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
+}
+#endif
 // The lanes of v added in double (once per block of fp32 partial sums).
 inline double sum_lanes(vfloat v) {
   double s = 0.0;

@@ -7,6 +7,8 @@
 // depend on how many tokens share the pass.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <utility>
 
@@ -14,7 +16,7 @@
 
 namespace specdec {
 
-constexpr int kSkinnyMaxRows = 16;
+constexpr int kSkinnyMaxRows = 16;  // the public skinny_linear ops' cap (any M works here)
 
 // Weight lanes as fp32: fp32 as they are, bf16 shifted into the high half (exact), int8
 // sign-extended and converted (exact). GCC 12 scalarises vector-extension conversions from
@@ -51,44 +53,80 @@ inline vfloat load_weights(const int8_t* p) {
 // arithmetic per line, fewer lines in flight); with this, 22-25 GB/s for 1-4 rows.
 constexpr int64_t kPrefetchBytes = 16384;
 
-// Rows [n0, n1) of y [M, N] from x [M, K] fp32 and w [N, K] (fp32, bf16, or int8 with a scale
-// per output row: y[m, n] = scale[n] * sum_k x[m, k] w[n, k]), all row-major. The products
-// are accumulated by explicit FMA (simd.h) and nothing else is contracted: the compiler would
-// fuse some instantiations and not others, and the sums must not depend on M. One FMA per
-// weight vector and row (not a multiply and an add) keeps a 5-row pass of bf16 or int8
-// weights, which costs a conversion per vector too, near the memory bound.
-template <int M, typename W>
-__attribute__((optimize("fp-contract=off"))) void skinny_linear_rows(const float* x, const W* w, const float* scale, float* y,
-                                                                      int64_t K, int64_t N, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    const W* row = w + n * K;
-    vfloat acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = vfloat{};
-    int64_t k = 0;
-    for (; k + kWidth <= K; k += kWidth) {
-      if ((k * sizeof(W)) % 64 == 0) __builtin_prefetch(reinterpret_cast<const char*>(row + k) + kPrefetchBytes, 0, 2);
-      const vfloat wk = load_weights(row + k);
-      for (int m = 0; m < M; ++m) acc[m] = fma(wk, load(x + m * K + k), acc[m]);
-    }
-    for (int m = 0; m < M; ++m) {
-      float sum = reduce_add(acc[m]);
-      for (int64_t j = k; j < K; ++j) sum += to_float(row[j]) * x[m * K + j];
-      y[m * N + n] = scale ? sum * scale[n] : sum;
+// One tile of y [M, N]: rows [m0, m0 + MR) by columns [n0, n0 + NR), from x [M, K] fp32 and w
+// [N, K] (fp32, bf16, or int8 with a scale per output row: y[m, n] = scale[n] * sum_k x[m, k]
+// w[n, k]), all row-major. Each of the MR x NR outputs has its own vector accumulator: every
+// step along k loads NR weight vectors and MR input vectors and does MR x NR FMAs, so a weight
+// vector read from memory serves MR rows and an input vector NR columns (one load per FMA made
+// a 9-row pass compute-bound at a fifth of the FMA peak).
+//
+// y[m, n] is the same sum whatever the tile: lane l of its accumulator adds x[m, k] w[n, k] for
+// k = l, l + kWidth, ... in order by explicit FMA (simd.h; nothing else is contracted, since
+// the compiler would fuse some instantiations and not others), then reduce_add's fixed tree
+// over the lanes, then the tail k past the last whole vector. So a token's outputs do not
+// depend on M or on the tiling. One FMA per weight vector and row (not a multiply and an add)
+// keeps a pass of bf16 or int8 weights, which costs a conversion per vector too, near the
+// memory bound.
+template <int MR, int NR, typename W>
+__attribute__((optimize("fp-contract=off"))) void skinny_tile(const float* x, const W* w, const float* scale, float* y,
+                                                               int64_t K, int64_t N, int64_t m0, int64_t n0) {
+  vfloat acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = vfloat{};
+  const W* rows[NR];
+  for (int j = 0; j < NR; ++j) rows[j] = w + (n0 + j) * K;
+  const float* xs[MR];
+  for (int i = 0; i < MR; ++i) xs[i] = x + (m0 + i) * K;
+  int64_t k = 0;
+  for (; k + kWidth <= K; k += kWidth) {
+    if ((k * sizeof(W)) % 64 == 0)
+      for (int j = 0; j < NR; ++j) __builtin_prefetch(reinterpret_cast<const char*>(rows[j] + k) + kPrefetchBytes, 0, 2);
+    vfloat wk[NR];
+    for (int j = 0; j < NR; ++j) wk[j] = load_weights(rows[j] + k);
+    for (int i = 0; i < MR; ++i) {
+      const vfloat xk = load(xs[i] + k);
+      for (int j = 0; j < NR; ++j) acc[i][j] = fma(wk[j], xk, acc[i][j]);
     }
   }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      float sum = reduce_add(acc[i][j]);
+      for (int64_t t = k; t < K; ++t) sum += to_float(rows[j][t]) * xs[i][t];
+      y[(m0 + i) * N + n0 + j] = scale ? sum * scale[n0 + j] : sum;
+    }
 }
 
-// The instantiation for M rows (1 <= M <= kSkinnyMaxRows) and weights of type W.
+// Tiles of up to kTileRows input rows by kTileCols weight rows: 24 accumulators, the weight and
+// input vectors in the other 8 of AVX-512's 32 registers.
+constexpr int kTileRows = 6, kTileCols = 4;
+
 template <typename W>
-using SkinnyRows = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-template <typename W, int... Ms>
-constexpr SkinnyRows<W> skinny_table(int M, std::integer_sequence<int, Ms...>) {
-  constexpr SkinnyRows<W> table[] = {&skinny_linear_rows<Ms + 1, W>...};
-  return table[M - 1];
+using SkinnyTile = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
+template <int NR, typename W, int... Ms>
+constexpr std::array<SkinnyTile<W>, sizeof...(Ms)> tile_row(std::integer_sequence<int, Ms...>) {
+  return {&skinny_tile<Ms + 1, NR, W>...};
 }
+template <typename W, int... Ns>
+constexpr std::array<std::array<SkinnyTile<W>, kTileRows>, sizeof...(Ns)> tile_table(std::integer_sequence<int, Ns...>) {
+  return {tile_row<Ns + 1, W>(std::make_integer_sequence<int, kTileRows>{})...};
+}
+
+// Columns [n0, n1) of y [M, N] = x [M, K] w^T (see skinny_tile) for any M >= 1: the M rows split
+// into tiles of near-equal height (9 rows: 5 + 4), each group of kTileCols weight rows read from
+// memory once and applied to every tile while it is in L1.
 template <typename W>
-SkinnyRows<W> skinny_linear_kernel(int M) {
-  return skinny_table<W>(M, std::make_integer_sequence<int, kSkinnyMaxRows>{});
+void skinny_linear(const float* x, int64_t M, const W* w, const float* scale, float* y, int64_t K, int64_t N, int64_t n0,
+                   int64_t n1) {
+  static constexpr auto table = tile_table<W>(std::make_integer_sequence<int, kTileCols>{});
+  const int64_t tiles = (M + kTileRows - 1) / kTileRows;
+  for (int64_t n = n0; n < n1; n += kTileCols) {
+    const int64_t cols = std::min<int64_t>(kTileCols, n1 - n);
+    for (int64_t t = 0, m = 0; t < tiles; ++t) {
+      const int64_t rows = (M - m) / (tiles - t);
+      table[cols - 1][rows - 1](x, w, scale, y, K, N, m, n);
+      m += rows;
+    }
+  }
 }
 
 }  // namespace specdec

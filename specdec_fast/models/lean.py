@@ -23,9 +23,10 @@ import weakref
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..kernels.decoder import decoder_pass
+from ..kernels.decoder import PREFILL_TOKENS, decoder_pass, prefill_pass
 from ..kernels.linear import quantize_int8
 from .cached_lm import CachedLM, TransformersLM, as_cached_lm, is_transformers_lm
 
@@ -162,16 +163,56 @@ class LeanPass:
                  slots: Tensor | None = None) -> Tensor:
         """Run ``tokens`` [M] int64 at ``positions`` [M] of sequences ``rows`` [M], in cache slots
         ``slots`` [M] (default: their positions; see :func:`decoder_pass`); records their final
-        hidden states in ``features`` (at the slots) and returns the logits [R, V] of ``logit_rows`` [R]."""
+        hidden states in ``features`` (at the slots) and returns the logits [R, V] of ``logit_rows`` [R].
+
+        A row whose tokens here are a prompt (positions 0..L - 1 in slots 0..L - 1, L >=
+        ``PREFILL_TOKENS``, fp32 weights) takes :func:`prefill_pass`, the others :func:`decoder_pass`."""
         slots = positions if slots is None else slots
         self.reserve(int(slots.max()) + 1)
         w = self.w
         x = w.embed[tokens]
         cos, sin = self.rotary(x, positions[None])
-        hidden, logits = decoder_pass(x, w.norms, w.weights, w.scales, w.qkv_bias, cos[0].float(), sin[0].float(), rows,
-                                      positions, slots, self.cache, logit_rows, w.heads, w.kv_heads, w.eps)
+        cos, sin = cos[0].float(), sin[0].float()
+        prompts = self._prompts(rows, positions, slots)
+        if not prompts:
+            hidden, logits = decoder_pass(x, w.norms, w.weights, w.scales, w.qkv_bias, cos, sin, rows, positions, slots,
+                                          self.cache, logit_rows, w.heads, w.kv_heads, w.eps)
+        else:
+            hidden, logits = self._with_prompts(prompts, x, cos, sin, rows, positions, slots, logit_rows)
         self.features[rows, slots] = hidden
         return logits
+
+    def _prompts(self, rows: Tensor, positions: Tensor, slots: Tensor) -> list[tuple[int, Tensor]]:
+        """(row, its token indices) of each row whose tokens in this pass are a prompt (see __call__)."""
+        if len(rows) < PREFILL_TOKENS or self.w.weights[0].dtype != torch.float32 or int(positions.min()) != 0:
+            return []
+        prompts = []
+        for row in rows[positions == 0].tolist():
+            index = (rows == row).nonzero()[:, 0]
+            span = torch.arange(len(index), device=rows.device)
+            if len(index) >= PREFILL_TOKENS and torch.equal(positions[index], span) and torch.equal(slots[index], span):
+                prompts.append((row, index))
+        return prompts
+
+    def _with_prompts(self, prompts: list[tuple[int, Tensor]], x: Tensor, cos: Tensor, sin: Tensor, rows: Tensor,
+                      positions: Tensor, slots: Tensor, logit_rows: Tensor) -> tuple[Tensor, Tensor]:
+        """(hidden [M, d], logits [R, V]) of a pass holding prompts: each by prefill_pass, the other
+        tokens by decoder_pass (their logits too, so theirs stay the pass-size-free bits)."""
+        w = self.w
+        hidden, rest = torch.empty_like(x), torch.ones(len(x), dtype=torch.bool, device=x.device)
+        for row, index in prompts:
+            hidden[index] = prefill_pass(x[index], w.norms, w.weights, w.scales, w.qkv_bias, cos[index], sin[index], row,
+                                         self.cache, w.heads, w.kv_heads, w.eps)
+            rest[index] = False
+        logits = torch.empty(len(logit_rows), w.embed.shape[0], device=x.device)
+        kernel_rows = rest[logit_rows]
+        if rest.any():
+            at = rest.cumsum(0) - 1  # a token's index among the rest
+            hidden[rest], logits[kernel_rows] = decoder_pass(
+                x[rest], w.norms, w.weights, w.scales, w.qkv_bias, cos[rest], sin[rest], rows[rest], positions[rest],
+                slots[rest], self.cache, at[logit_rows[kernel_rows]], w.heads, w.kv_heads, w.eps)
+        logits[~kernel_rows] = F.linear(hidden[logit_rows[~kernel_rows]], w.weights[-1])
+        return hidden, logits
 
 
 class LeanLM(TransformersLM):

@@ -46,9 +46,9 @@ def test_joint_test_detects_the_draft_distribution(tiny_pair):
 
 @pytest.mark.parametrize("lean", ["auto", "off"])
 @pytest.mark.parametrize("k", [1, 3, 6])
-@pytest.mark.parametrize("prompt", [[5], [2, 7, 1, 0, 3]])
+@pytest.mark.parametrize("prompt", [[5], [2, 7, 1, 0, 3], [t % 13 for t in range(150)]])  # the last: a prefill_pass prompt
 def test_greedy_equals_target_greedy(k, prompt, lean):
-    target, draft = tiny_llama(10, vocab=16), tiny_llama(11, vocab=16, layers=1)
+    target, draft = tiny_llama(10, vocab=16, context=256), tiny_llama(11, vocab=16, layers=1, context=256)
     ours = fast_generate(target, draft, prompt, max_new_tokens=40, temperature=0.0, num_draft_tokens=k, eos_token_id=NO_EOS,
                          lean=lean)
     baseline = generate_autoregressive(target, prompt, max_new_tokens=40, temperature=0.0, eos_token_id=NO_EOS, lean=lean)

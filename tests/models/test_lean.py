@@ -12,7 +12,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from specdec_fast.kernels.decoder import decoder_pass
+import specdec_fast.models.lean as lean_module
+from specdec_fast.kernels.decoder import PREFILL_TOKENS, decoder_pass, prefill_pass
 from specdec_fast.models.batched_lm import BatchedLM, right_aligned
 from specdec_fast.models.cached_lm import HFCachedLM
 from specdec_fast.models.lean import BatchedLeanLM, LeanLM, LeanPass, cached_lm, lean_precision, lean_unsupported
@@ -64,16 +65,45 @@ def test_lean_logits_match_transformers(model, precision, prompt):
         torch.testing.assert_close(lean.extend(tokens, n), reference.extend(tokens, n), rtol=0, atol=1e-4)
 
 
-def test_a_tokens_logits_do_not_depend_on_the_pass_size(model):
-    """The kernel sums every output in one order whatever the number of tokens: the logits of a
-    token are the same bits in a one-token pass as in a 6-token verification pass."""
+@pytest.mark.parametrize("size", [6, 9, 13])
+def test_a_tokens_logits_do_not_depend_on_the_pass_size(model, size):
+    """The kernel sums every output in one order whatever the number of tokens (and however its
+    rows split into tiles; attention over 16 keys at a time or one): the logits of a token are
+    the same bits in a one-token pass as in a verification pass of 6, 9 or 13 tokens."""
     lean = LeanLM(model)
-    lean.extend(ids(20), 1)
-    tokens = ids(6, seed=3)
-    together = lean.extend(tokens, 6)
-    lean.crop(20)
+    lean.extend(ids(37), 1)
+    tokens = ids(size, seed=3)
+    together = lean.extend(tokens, size)
+    lean.crop(37)
     alone = torch.cat([lean.extend(t[None], 1) for t in tokens])
     assert torch.equal(together, alone)
+
+
+def test_a_long_prompt_takes_the_prefill_pass_and_a_row_its_own_bits(model, monkeypatch):
+    """A prompt of PREFILL_TOKENS or more takes prefill_pass (the same math as decoder_pass: logits
+    and cache within fp32 rounding); in a batch, a row's prompt and the passes after it are the
+    bits it gets alone, beside a short prompt that takes decoder_pass."""
+    calls = []
+    monkeypatch.setattr(lean_module, "prefill_pass", lambda *args: calls.append(len(args[0])) or prefill_pass(*args))
+    long, short = ids(PREFILL_TOKENS + 3, seed=1), ids(9, seed=2)
+    alone = LeanLM(model)
+    first = alone.extend(long, 2)
+    assert calls == [len(long)]
+    kernel = LeanLM(model)  # the same prompt in two passes, neither a prompt pass
+    kernel.extend(long[:5], 1)
+    torch.testing.assert_close(kernel.extend(long[5:], 2), first, rtol=0, atol=1e-4)
+    torch.testing.assert_close(kernel.lean.cache[0, ..., : len(long), :], alone.lean.cache[0, ..., : len(long), :], rtol=0, atol=1e-4)
+    batch = BatchedLeanLM(model, 2)
+    tokens, fed = right_aligned([long.tolist(), short.tolist()])
+    together = batch.extend(tokens, fed, 2)
+    assert calls == [len(long), len(long)]
+    assert torch.equal(together[0], first)
+    step = ids(4, seed=5)
+    after = batch.extend(torch.stack([step, step]), torch.ones(2, 4, dtype=torch.bool), 4)
+    assert torch.equal(after[0], alone.extend(step, 4))
+    short_alone = LeanLM(model)
+    short_alone.extend(short, 1)
+    assert torch.equal(after[1], short_alone.extend(step, 4))
 
 
 def test_rollback_and_growth(model):

@@ -4,6 +4,8 @@ the CPU kernel does not run (CUDA)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -26,16 +28,14 @@ def weight_linear(x: Tensor, weight: Tensor, scale: Tensor | None) -> Tensor:
     return y if scale is None else y * scale
 
 
-def decoder_pass_reference(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales: list[Tensor],
-                           qkv_bias: list[Tensor], cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor,
-                           slots: Tensor, cache: Tensor, logit_rows: Tensor, heads: int, kv_heads: int,
-                           eps: float) -> tuple[Tensor, Tensor]:
-    """One pass over M tokens (see :func:`specdec_fast.kernels.decoder.decoder_pass` for the
-    arguments): writes the tokens' keys and values to ``cache`` and returns (hidden [M, d] after
-    the final norm, logits [R, V] of hidden[logit_rows])."""
-    layers, hd = (len(norms) - 1) // 2, cache.shape[-1]
+def decoder_layers(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales: list[Tensor],
+                   qkv_bias: list[Tensor], cos: Tensor, sin: Tensor, heads: int, kv_heads: int, eps: float,
+                   attend: Callable[[int, Tensor, Tensor, Tensor], Tensor]) -> Tensor:
+    """x [M, d] through every layer (arguments as :func:`decoder_pass_reference` takes them);
+    ``attend(layer, q [M, H, hd], k [M, Hkv, hd], v [M, Hkv, hd])`` stores the keys and values and
+    returns the attention output [M, H, hd]. Returns the hidden states [M, d] after the final norm."""
+    layers, hd = (len(norms) - 1) // 2, cos.shape[-1]
     scale = (lambda i: scales[i]) if scales else (lambda i: None)
-    x = x.clone()
     for layer in range(layers):
         w = weights[4 * layer: 4 * layer + 4]
         qkv = weight_linear(rms_norm(x, norms[2 * layer], eps), w[0], scale(4 * layer))
@@ -43,16 +43,31 @@ def decoder_pass_reference(x: Tensor, norms: list[Tensor], weights: list[Tensor]
             qkv = qkv + qkv_bias[layer]
         qkv = qkv.view(len(x), heads + 2 * kv_heads, hd)
         q, k = rotate(qkv[:, :heads], cos, sin), rotate(qkv[:, heads: heads + kv_heads], cos, sin)
-        cache[rows, layer, 0, :, slots] = k
-        cache[rows, layer, 1, :, slots] = qkv[:, heads + kv_heads:]
-        attn = torch.empty(len(x), heads, hd, dtype=x.dtype, device=x.device)
-        for m in range(len(x)):  # token m sees its row's slots 0..positions[m] - 1 and its own slot
-            seen = torch.cat([torch.arange(int(positions[m]), device=x.device), slots[m: m + 1]])
-            keys = cache[rows[m], layer, 0][:, seen].repeat_interleave(heads // kv_heads, 0)
-            values = cache[rows[m], layer, 1][:, seen].repeat_interleave(heads // kv_heads, 0)
-            attn[m] = F.scaled_dot_product_attention(q[m][:, None], keys, values)[:, 0]
+        attn = attend(layer, q, k, qkv[:, heads + kv_heads:])
         x = x + weight_linear(attn.reshape(len(x), -1), w[1], scale(4 * layer + 1))
         gate, up = weight_linear(rms_norm(x, norms[2 * layer + 1], eps), w[2], scale(4 * layer + 2)).chunk(2, -1)
         x = x + weight_linear(F.silu(gate) * up, w[3], scale(4 * layer + 3))
-    hidden = rms_norm(x, norms[-1], eps)
-    return hidden, weight_linear(hidden[logit_rows], weights[-1], scale(len(weights) - 1))
+    return rms_norm(x, norms[-1], eps)
+
+
+def decoder_pass_reference(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales: list[Tensor],
+                           qkv_bias: list[Tensor], cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor,
+                           slots: Tensor, cache: Tensor, logit_rows: Tensor, heads: int, kv_heads: int,
+                           eps: float) -> tuple[Tensor, Tensor]:
+    """One pass over M tokens (see :func:`specdec_fast.kernels.decoder.decoder_pass` for the
+    arguments): writes the tokens' keys and values to ``cache`` and returns (hidden [M, d] after
+    the final norm, logits [R, V] of hidden[logit_rows])."""
+
+    def attend(layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        cache[rows, layer, 0, :, slots] = k
+        cache[rows, layer, 1, :, slots] = v
+        attn = torch.empty_like(q)
+        for m in range(len(q)):  # token m sees its row's slots 0..positions[m] - 1 and its own slot
+            seen = torch.cat([torch.arange(int(positions[m]), device=q.device), slots[m: m + 1]])
+            keys = cache[rows[m], layer, 0][:, seen].repeat_interleave(heads // kv_heads, 0)
+            values = cache[rows[m], layer, 1][:, seen].repeat_interleave(heads // kv_heads, 0)
+            attn[m] = F.scaled_dot_product_attention(q[m][:, None], keys, values)[:, 0]
+        return attn
+
+    hidden = decoder_layers(x, norms, weights, scales, qkv_bias, cos, sin, heads, kv_heads, eps, attend)
+    return hidden, weight_linear(hidden[logit_rows], weights[-1], scales[-1] if scales else None)
