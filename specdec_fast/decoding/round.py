@@ -245,7 +245,10 @@ def speculative_round(target: BatchedCachedLM, draft: BatchedCachedLM | None, se
 
     target_start = time.perf_counter()
     feed = chain_feed(seqs, drafts)
-    target_logits = target.extend(feed, torch.ones_like(feed, dtype=torch.bool), feed.shape[1])  # p_1..p_{k+1}
+    # p_1..p_{k+1}; a row drafting n < k tokens leaves holes past its n + 1, which the lean
+    # target does not compute (the verifier never reads them)
+    fed = torch.arange(feed.shape[1], device=feed.device)[None] <= torch.tensor(drafts.lens, device=feed.device)[:, None]
+    target_logits = target.extend(feed, fed, feed.shape[1])
 
     verify_start = time.perf_counter()
     verified = verify_drafts(target_logits, drafts, u_verify, sampling, verifier)
