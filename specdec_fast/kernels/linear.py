@@ -4,9 +4,10 @@ A verification pass feeds the target k + 1 tokens. On the CPU, BLAS computes suc
 skinny product x [M, K] @ w^T as M matrix-vector products (or packs w first), reading the
 weights several times; a 2-token pass measured 1.7x, a 5-token pass 1.6-2.1x, a one-token
 pass of SmolLM2-135M here, which alone makes speculation lose. The ``cpu`` backend's
-``skinny_linear`` kernel (csrc/cpu/skinny_linear.h) reads the weights once for up to 12
-rows (beyond that BLAS is as fast), and sums every output in the same order whatever the number of rows, so a token's
-logits do not depend on how many tokens share the pass.
+``skinny_linear`` kernel (csrc/cpu/skinny_linear.h) reads the weights once, in tiles of up to 6
+rows by 4 weight rows (the public op takes up to 12 rows; the decoder pass any number), and sums
+every output in the same order whatever the number of rows, so a token's logits do not depend on
+how many tokens share the pass.
 
 A draft may also read int8 weights (``use_int8_weights``: one fp32 scale per output row,
 ``skinny_linear_int8``), a quarter of the bytes of a draft pass; the target never does.
