@@ -162,27 +162,32 @@ inline float softmax_numerators(float* scores, int64_t n) {
   return reduce_add(total);
 }
 
-// out[i] = sum_j scores[j] values[seen(j) hd + i] / total for i < hd, each sum taken in order of
-// j by FMA. Four vectors of dimensions at a time: four chains of FMAs in flight, not one.
-template <typename Seen>
-inline void attention_values(const float* scores, const float* values, int64_t hd, int64_t n, float total, Seen seen,
-                             float* out) {
-  constexpr int kChains = 4;
-  int64_t i = 0;
-  for (; i + kChains * kWidth <= hd; i += kChains * kWidth) {
-    vfloat acc[kChains] = {};
+// out[i] for i in [i0, ...) in groups of C vectors of dimensions (C chains of FMAs in flight),
+// as far as whole groups reach; returns where they stop. See attention_values.
+template <int C, typename Seen>
+inline int64_t value_chains(const float* scores, const float* values, int64_t hd, int64_t n, float total, Seen seen,
+                            float* out, int64_t i0) {
+  int64_t i = i0;
+  for (; i + C * kWidth <= hd; i += C * kWidth) {
+    vfloat acc[C] = {};
     for (int64_t j = 0; j < n; ++j) {
       const vfloat p = splat(scores[j]);
       const float* v = values + seen(j) * hd + i;
-      for (int c = 0; c < kChains; ++c) acc[c] = fma(p, load(v + c * kWidth), acc[c]);
+      for (int c = 0; c < C; ++c) acc[c] = fma(p, load(v + c * kWidth), acc[c]);
     }
-    for (int c = 0; c < kChains; ++c) store(out + i + c * kWidth, acc[c] / total);
+    for (int c = 0; c < C; ++c) store(out + i + c * kWidth, acc[c] / total);
   }
-  for (; i + kWidth <= hd; i += kWidth) {
-    vfloat acc{};
-    for (int64_t j = 0; j < n; ++j) acc = fma(splat(scores[j]), load(values + seen(j) * hd + i), acc);
-    store(out + i, acc / total);
-  }
+  return i;
+}
+
+// out[i] = sum_j scores[j] values[seen(j) hd + i] / total for i < hd, each sum taken in order of
+// j by FMA: four vectors of dimensions at a time (four chains in flight, not one), then one,
+// then the lanes past the last whole vector.
+template <typename Seen>
+inline void attention_values(const float* scores, const float* values, int64_t hd, int64_t n, float total, Seen seen,
+                             float* out) {
+  int64_t i = value_chains<4>(scores, values, hd, n, total, seen, out, 0);
+  i = value_chains<1>(scores, values, hd, n, total, seen, out, i);
   for (; i < hd; ++i) {
     float acc = 0.0f;
     for (int64_t j = 0; j < n; ++j) acc += scores[j] * values[seen(j) * hd + i];

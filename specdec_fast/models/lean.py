@@ -204,7 +204,7 @@ class LeanPass:
             hidden[index] = prefill_pass(x[index], w.norms, w.weights, w.scales, w.qkv_bias, cos[index], sin[index], row,
                                          self.cache, w.heads, w.kv_heads, w.eps)
             rest[index] = False
-        logits = torch.empty(len(logit_rows), w.embed.shape[0], device=x.device)
+        logits = torch.empty(len(logit_rows), w.weights[-1].shape[0], device=x.device)
         kernel_rows = rest[logit_rows]
         if rest.any():
             at = rest.cumsum(0) - 1  # a token's index among the rest
