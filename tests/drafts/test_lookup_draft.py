@@ -63,19 +63,23 @@ def test_the_lookup_is_used_and_sometimes_rejected(tiny_pair):
     assert 0 < accepted < drafted
 
 
+@pytest.mark.parametrize("lean", ["auto", "off"])
 @pytest.mark.parametrize("k", [1, 4, 8])
 @pytest.mark.parametrize("prompt", [[5], [2, 7, 1, 0, 3, 2, 7, 1], list(range(12)) * 2])
-def test_greedy_equals_target_greedy(k, prompt):
+def test_greedy_equals_target_greedy(k, prompt, lean):
+    """One sequence and a batch whose rows look up different lengths (each row feeds its own
+    drafts only; the rest of the round's width are holes), on the lean path and transformers'."""
     target = tiny_llama(10, vocab=16, context=128)
-    expected = generate_autoregressive(target, prompt, max_new_tokens=40, temperature=0.0, eos_token_id=NO_EOS).tokens
+    expected = generate_autoregressive(target, prompt, max_new_tokens=40, temperature=0.0, eos_token_id=NO_EOS,
+                                       lean=lean).tokens
     ours = fast_generate(target, PromptLookup(), prompt, max_new_tokens=40, temperature=0.0, num_draft_tokens=k,
-                         eos_token_id=NO_EOS)
+                         eos_token_id=NO_EOS, lean=lean)
     assert ours.tokens == expected
     batch = batch_generate(target, PromptLookup(), input_ids=[prompt, [1, 2, 1, 2, 1], [9]], max_new_tokens=40,
-                           temperature=0.0, num_draft_tokens=k, eos_token_id=NO_EOS)
+                           temperature=0.0, num_draft_tokens=k, eos_token_id=NO_EOS, lean=lean)
     assert batch.outputs[0].tokens == expected
     assert batch.outputs[2].tokens == generate_autoregressive(target, [9], max_new_tokens=40, temperature=0.0,
-                                                              eos_token_id=NO_EOS).tokens
+                                                              eos_token_id=NO_EOS, lean=lean).tokens
 
 
 def test_greedy_on_a_repeating_context_accepts_copies():
