@@ -73,7 +73,7 @@ def verify_reference(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (num_accepted [B], tokens [B, K+1], num_emitted [B], status [B]), all int64."""
     v = checked_inputs(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature, top_k, top_p,
-                        uniforms)
+                       uniforms)
     batch, k = v.tokens.shape
     rows = torch.arange(batch, device=target_logits.device)
     accept = v.drafted & (v.q_x > 0) & (uniforms[:, :k] * v.q_x <= v.p_x)
@@ -104,7 +104,7 @@ class CheckedInputs(NamedTuple):
 
 
 def checked_inputs(target_logits: Tensor, draft_probs: Tensor | None, point_mass: Tensor, draft_tokens: Tensor,
-                    draft_lens: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniforms: Tensor) -> CheckedInputs:
+                   draft_lens: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, uniforms: Tensor) -> CheckedInputs:
     """The verify op's arguments (see verify_reference) checked row by row (the status) and made
     ready for both verifiers: p warped, q with one-hot rows for point masses, tokens in range."""
     batch, k_plus_1, vocab = target_logits.shape

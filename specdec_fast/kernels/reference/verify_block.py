@@ -41,7 +41,7 @@ def verify_block_reference(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Returns (num_accepted [B], tokens [B, K+1], num_emitted [B], status [B]), as verify_reference."""
     v = checked_inputs(target_logits, draft_probs, point_mass, draft_tokens, draft_lens, temperature, top_k, top_p,
-                        uniforms)
+                       uniforms)
     p, q, lens = v.p, v.q, v.lens
     p_x, q_x = v.p_x.double(), v.q_x.double()
     batch, k = v.tokens.shape
