@@ -86,13 +86,26 @@ inline float max_of(const float* z, int64_t n) {  // n: a multiple of kWidth
   return reduce_max(m);
 }
 
-// Does z[0..n) (n a multiple of kWidth) hold NaN or +inf? One compare per vector.
-inline bool has_nan_or_inf(const float* z, int64_t n) {
-  vint bad = {};
-  for (int64_t i = 0; i < n; i += kWidth) bad |= ~(load(z + i) < kPosInf);
-  for (int l = 0; l < kWidth; ++l)
-    if (bad[l]) return true;
-  return false;
+// The max of z[0..n) (n a multiple of kWidth) and, in *bad, whether z holds NaN or +inf (then
+// the max is meaningless): one read, one compare per vector besides the max.
+inline float checked_max_of(const float* z, int64_t n, bool* bad) {
+  vfloat m0 = splat(kNegInf), m1 = m0;  // two chains: vmax's latency, not its throughput, bounds one
+  vint flags = {};
+  int64_t i = 0;
+  for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+    const vfloat v0 = load(z + i), v1 = load(z + i + kWidth);
+    flags |= ~(v0 < kPosInf) | ~(v1 < kPosInf);
+    m0 = vmax(m0, v0);
+    m1 = vmax(m1, v1);
+  }
+  if (i < n) {
+    const vfloat v = load(z + i);
+    flags |= ~(v < kPosInf);
+    m0 = vmax(m0, v);
+  }
+  *bad = false;
+  for (int l = 0; l < kWidth; ++l) *bad |= flags[l] != 0;
+  return reduce_max(vmax(m0, m1));
 }
 
 // The status of a row of n values that holds NaN or +inf: NaN wins.
@@ -104,26 +117,34 @@ inline Status nan_or_inf(const float* z, int64_t n) {
 
 // e[i] = exp(z[i] - m) for i < n (a multiple of kWidth); returns their sum (fp32 partial
 // sums of kFlush vectors, added in double: the normaliser scales every probability).
-inline double exp_and_sum(const float* z, int64_t n, float m, float* e) {
-  double total = 0.0;
+// `ahead`: the input of the chunk read next, `ahead_step` bytes of it fetched into L1 per
+// vector computed, so that the next chunk's first read does not wait on memory (a prefetch
+// never faults: ahead may run past the tensor's end).
+inline double exp_and_sum(const float* z, int64_t n, float m, float* e, const char* ahead = nullptr,
+                          int64_t ahead_step = 0) {
+  vdouble total = {};
   int64_t i = 0;
   for (; i + 2 * kWidth <= n;) {  // two vectors per step: two independent exp chains
     vfloat part0 = {}, part1 = {};
     for (int64_t end = std::min(n, i + kFlush * kWidth); i + 2 * kWidth <= end; i += 2 * kWidth) {
+      if (ahead != nullptr) {
+        __builtin_prefetch(ahead + i / kWidth * ahead_step);
+        __builtin_prefetch(ahead + (i / kWidth + 1) * ahead_step);
+      }
       const vfloat v0 = exp_nonpositive(load(z + i) - m), v1 = exp_nonpositive(load(z + i + kWidth) - m);
       store(e + i, v0);
       store(e + i + kWidth, v1);
       part0 += v0;
       part1 += v1;
     }
-    total += sum_lanes(part0 + part1);
+    total += widen(part0 + part1);
   }
   if (i < n) {
     const vfloat v = exp_nonpositive(load(z + i) - m);
     store(e + i, v);
-    total += sum_lanes(v);
+    total += widen(v);
   }
-  return total;
+  return sum_lanes(total);
 }
 
 // The smallest key k among the row's elements with  sum_{key_i > k} weight_i < limit.
@@ -174,8 +195,9 @@ int64_t argmax(const T* logits, int64_t V, float* z, Status* status = nullptr) {
   for (int64_t c = 0; c < V; c += kChunk) {
     const int64_t n = std::min(kChunk, V - c);
     scale_chunk(logits + c, n, 1.0f, z);
-    if (status != nullptr && *status == kOk && has_nan_or_inf(z, padded(n))) *status = nan_or_inf(z, n);
-    const float mc = max_of(z, padded(n));
+    bool bad = false;
+    const float mc = checked_max_of(z, padded(n), &bad);
+    if (status != nullptr && *status == kOk && bad) *status = nan_or_inf(z, n);
     if (!(mc > best_value)) continue;  // ties with an earlier chunk keep the earlier index
     best_value = mc;
     best = c + (std::find(z, z + n, mc) - z);
@@ -248,8 +270,10 @@ RowDist row_dist(const T* logits, int64_t V, Sampling samp, Scratch& s, ForChunk
   const int64_t chunks = num_chunks(V);
   if ((samp.top_k > 0 && samp.top_k < V) || samp.top_p < 1.0f) {
     for (int64_t c = 0; c < V; c += kChunk) scale_chunk(logits + c, std::min(kChunk, V - c), samp.temperature, s.z.get() + c);
-    if (has_nan_or_inf(s.z.get(), padded(V))) d.status = nan_or_inf(s.z.get(), V);
-    else if (max_of(s.z.get(), padded(V)) == kNegInf) d.status = kAllNegInf;
+    bool bad = false;
+    const float max = checked_max_of(s.z.get(), padded(V), &bad);
+    if (bad) d.status = nan_or_inf(s.z.get(), V);
+    else if (max == kNegInf) d.status = kAllNegInf;
     if (d.status != kOk) return d;
     filtered_row(d, V, samp, s);
   } else {  // the hot path: each chunk read once, its max and exps from L1
@@ -257,10 +281,12 @@ RowDist row_dist(const T* logits, int64_t V, Sampling samp, Scratch& s, ForChunk
       const int64_t n = padded(std::min(kChunk, V - k * kChunk));
       const float* z = chunk_z(logits, V, samp.temperature, k, s);
       float* e = s.e.get() + k * kChunk;
-      s.chunk_bad[k] = has_nan_or_inf(z, n);
-      const float mc = s.chunk_max[k] = max_of(z, n);
-      if (mc == kNegInf || s.chunk_bad[k]) std::fill(e, e + n, 0.0f);
-      s.chunk_sum[k] = mc == kNegInf || s.chunk_bad[k] ? 0.0 : exp_and_sum(z, n, mc, e);
+      bool bad = false;
+      const float mc = s.chunk_max[k] = checked_max_of(z, n, &bad);
+      s.chunk_bad[k] = bad;
+      if (mc == kNegInf || bad) std::fill(e, e + n, 0.0f);
+      const char* ahead = reinterpret_cast<const char*>(logits + (k + 1) * kChunk);  // the next chunk or row
+      s.chunk_sum[k] = mc == kNegInf || bad ? 0.0 : exp_and_sum(z, n, mc, e, ahead, kWidth * sizeof(T));
     });
     for (int64_t k = 0; k < chunks && d.status == kOk; ++k)
       if (s.chunk_bad[k]) d.status = nan_or_inf(chunk_z(logits, V, samp.temperature, k, s), std::min(kChunk, V - k * kChunk));
@@ -286,27 +312,30 @@ double fill_weights(const RowDist& d, const float* q, int64_t V, Scratch& s, flo
   for_chunks(num_chunks(V), [&](int64_t k) {
     const int64_t c = k * kChunk, n = std::min(kChunk, V - c);
     const vfloat scale = splat(static_cast<float>(std::exp(static_cast<double>(s.chunk_max[k]) - d.max) * d.inv_sum));
-    double sum = 0.0;
+    const vint lanes = lane_indices();
+    vdouble sum = {};
     vint bad_q = {};
     for (int64_t i = 0; i < n;) {
       vfloat part = {};
       for (int64_t end = std::min(n, i + kFlush * kWidth); i < end; i += kWidth) {
         vfloat v = load(s.e.get() + c + i) * scale * p_scale;
         if (q != nullptr) {
+          __builtin_prefetch(q + c + kChunk + i);  // the next chunk's q (see exp_and_sum)
           const vfloat qv = i + kWidth <= n ? load(q + c + i) : load_partial(q + c + i, n - i, 0.0f);
           bad_q |= ~((qv >= 0.0f) & (qv < kPosInf));
           v = vmax(v - qv, vfloat{});
         }
-        if (exclude >= c + i && exclude < c + i + kWidth) v[exclude - c - i] = 0.0f;
+        const int64_t at = exclude - c - i;  // a lane compare: a lane subscript would spill v
+        v = lanes == static_cast<int32_t>(at >= 0 && at < kWidth ? at : -1) ? vfloat{} : v;
         if (exact_end && i + kWidth > n) store_partial(w + c + i, v, n - i);
         else store(w + c + i, v);
         part += v;
       }
-      sum += sum_lanes(part);
+      sum += widen(part);
     }
+    s.chunk_sum[k] = sum_lanes(sum);
     for (int l = 0; l < kWidth; ++l)
-      if (bad_q[l]) sum = std::numeric_limits<double>::quiet_NaN();
-    s.chunk_sum[k] = sum;
+      if (bad_q[l]) s.chunk_sum[k] = std::numeric_limits<double>::quiet_NaN();
   });
   double total = 0.0;
   for (int64_t k = 0; k < num_chunks(V); ++k) total += s.chunk_sum[k];
@@ -423,7 +452,7 @@ int64_t verify_block_row(const T* target, const float* q, const int64_t* tokens,
 template <typename T>
 double entropy(const T* logits, const float* probs, int64_t V, const RowDist& d, Scratch& s) {
   const vfloat log_sum = splat(static_cast<float>(-std::log(d.inv_sum))), max = splat(d.max);
-  double h = 0.0;
+  vdouble h = {};
   for (int64_t k = 0; k < num_chunks(V); ++k) {
     const int64_t c = k * kChunk, n = std::min(kChunk, V - c);
     const float* z = chunk_z(logits, V, d.temperature, k, s);
@@ -433,10 +462,10 @@ double entropy(const T* logits, const float* probs, int64_t V, const RowDist& d,
         const vfloat p = i + kWidth <= n ? load(probs + c + i) : load_partial(probs + c + i, n - i, 0.0f);
         part += p > 0.0f ? p * (log_sum - (load(z + i) - max)) : vfloat{};
       }
-      h += sum_lanes(part);
+      h += widen(part);
     }
   }
-  return h;
+  return sum_lanes(h);
 }
 
 // One draft step: warp, sample with u, report q(token), H(q) and max q. probs: [V] out.

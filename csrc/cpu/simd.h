@@ -68,6 +68,12 @@ inline void store_partial(float* p, vfloat v, int64_t n) {
   for (int l = 0; l < n; ++l) p[l] = v[l];
 }
 
+inline vint lane_indices() {  // 0, 1, ..., kWidth - 1
+  vint v;
+  for (int l = 0; l < kWidth; ++l) v[l] = l;
+  return v;
+}
+
 inline vfloat vmax(vfloat a, vfloat b) { return a > b ? a : b; }
 inline float reduce_max(vfloat v) {
   float m = v[0];
@@ -104,8 +110,11 @@ inline vfloat reduce_add16(const vfloat v[16]) {
   return (vfloat)_mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xDD));
 }
 #endif
-// The lanes of v added in double (once per block of fp32 partial sums).
-inline double sum_lanes(vfloat v) {
+// Sums in double: a block's fp32 partial sums are widened and added lane-wise (no chain of
+// dependent scalar adds in the loop), the lanes summed once at the end.
+typedef double vdouble __attribute__((vector_size(8 * kWidth)));
+inline vdouble widen(vfloat v) { return __builtin_convertvector(v, vdouble); }
+inline double sum_lanes(const vdouble& v) {
   double s = 0.0;
   for (int l = 0; l < kWidth; ++l) s += v[l];
   return s;
