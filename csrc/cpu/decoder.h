@@ -21,23 +21,23 @@
 
 namespace specdec {
 
-// y = x W^T (+ bias) with W [out, in] of type W; scale [out] for int8 weights, else null.
-template <typename W>
+// y = x W^T with W [out, in] stored as `kind` says: fp32, bf16, int8 with scale [out], or in
+// blocks (skinny_linear.h: codes, and scale [out, in / 32, 2] or [out, in / 32]).
 struct Linear {
-  const W* weight;
+  enum class Kind { kFloat, kBFloat16, kInt8Rows, kQ4_1, kQ8_0 } kind;
+  const void* weight;
   const float* scale;
   int64_t out, in;
 };
 
-template <typename W>
 struct DecoderLayer {
   const float* attn_norm;  // [d]
-  Linear<W> qkv;           // [(H + 2 Hkv) hd, d]: the q, k and v projections stacked
+  Linear qkv;              // [(H + 2 Hkv) hd, d]: the q, k and v projections stacked
   const float* qkv_bias;   // [(H + 2 Hkv) hd] or null
-  Linear<W> o;             // [d, H hd]
+  Linear o;                // [d, H hd]
   const float* mlp_norm;   // [d]
-  Linear<W> gate_up;       // [2 I, d]: gate then up
-  Linear<W> down;          // [d, I]
+  Linear gate_up;          // [2 I, d]: gate then up
+  Linear down;             // [d, I]
 };
 
 struct DecoderShape {
@@ -73,15 +73,31 @@ struct DecoderScratch {
 
 constexpr int64_t kLinearChunk = 16;  // output rows per work item
 
+// Columns [n0, n1) of y [M, out] = x [M, in] L^T.
+inline void linear_columns(const float* x, int64_t M, const Linear& L, float* y, int64_t n0, int64_t n1) {
+  switch (L.kind) {
+    case Linear::Kind::kFloat:
+      return skinny_linear(x, M, static_cast<const float*>(L.weight), nullptr, y, L.in, L.out, n0, n1);
+    case Linear::Kind::kBFloat16:
+      return skinny_linear(x, M, static_cast<const BFloat16*>(L.weight), nullptr, y, L.in, L.out, n0, n1);
+    case Linear::Kind::kInt8Rows:
+      return skinny_linear(x, M, static_cast<const int8_t*>(L.weight), L.scale, y, L.in, L.out, n0, n1);
+    case Linear::Kind::kQ4_1:
+      return skinny_linear_blocks(x, M, BlockFormat::kQ4_1, L.weight, L.scale, y, L.in, L.out, n0, n1);
+    case Linear::Kind::kQ8_0:
+      return skinny_linear_blocks(x, M, BlockFormat::kQ8_0, L.weight, L.scale, y, L.in, L.out, n0, n1);
+  }
+}
+
 // y [M, out] = x [M, in] L^T, output rows split across the team (call inside a parallel
 // region); after(n0, n1) runs on each chunk of output columns once it is done.
-template <typename W, typename After>
-void linear_for(const float* x, int64_t M, const Linear<W>& L, float* y, After after) {
+template <typename After>
+void linear_for(const float* x, int64_t M, const Linear& L, float* y, After after) {
   const int64_t chunks = (L.out + kLinearChunk - 1) / kLinearChunk;
 #pragma omp for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t n0 = c * kLinearChunk, n1 = std::min(L.out, n0 + kLinearChunk);
-    skinny_linear<W>(x, M, L.weight, L.scale, y, L.in, L.out, n0, n1);
+    linear_columns(x, M, L, y, n0, n1);
     after(n0, n1);
   }
 }
@@ -236,15 +252,14 @@ inline void attention_for(const float* qkv, float* attn, const PassTokens& t, co
 // The pass: x [M, d] (the tokens' embeddings) goes through every layer in place, then the
 // final norm writes hidden [M, d]; logits [R, V] = hidden[logit_rows] head^T. Keys and values
 // of the M tokens are written to the cache.
-template <typename W>
-void decoder_pass(float* x, const std::vector<DecoderLayer<W>>& layers, const float* final_norm, const Linear<W>& head,
+inline void decoder_pass(float* x, const std::vector<DecoderLayer>& layers, const float* final_norm, const Linear& head,
                   const DecoderShape& s, const PassTokens& t, const KVCache& cache, const DecoderScratch& buf,
                   float* hidden, const int64_t* logit_rows, int64_t R, float* head_input, float* logits, int threads) {
   const int64_t M = t.M, d = s.d, I = s.inter;
 #pragma omp parallel num_threads(threads)
   {
     for (int64_t l = 0; l < static_cast<int64_t>(layers.size()); ++l) {
-      const DecoderLayer<W>& L = layers[l];
+      const DecoderLayer& L = layers[l];
       rms_norm_for(x, L.attn_norm, buf.h, M, d, s.eps);
       linear_for(buf.h, M, L.qkv, buf.qkv, [](int64_t, int64_t) {});
       rope_and_cache_for(buf.qkv, L.qkv_bias, t, s, cache, l);

@@ -154,28 +154,56 @@ at::Tensor skinny_linear_int8_cpu(const at::Tensor& x, const at::Tensor& weight,
 }
 
 
+// A weight matrix of the decoder pass as decoder.h reads it: fp32 or bf16 [N, K] (scale empty),
+// int8 [N, K] with scale [N] (one per row), or blocks (skinny_linear.h): uint8 Q4_1 codes [N, K / 2]
+// with scale [N, K / 32, 2], int8 Q8_0 codes [N, K] with scale [N, K / 32]; all contiguous.
+specdec::Linear decoder_linear(const at::Tensor& w, const at::Tensor& scale) {  // scale: undefined or empty for none
+  using Kind = specdec::Linear::Kind;
+  const bool scaled = scale.defined() && scale.numel() > 0;
+  TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && (!scaled || (scale.is_contiguous() && scale.scalar_type() == at::kFloat)),
+              "decoder_pass: weights must be contiguous 2D, scales contiguous fp32");
+  const int64_t N = w.size(0), K = w.size(1) * (w.scalar_type() == at::kByte ? 2 : 1);
+  const auto blocks_of = [&](std::vector<int64_t> shape) {
+    TORCH_CHECK(K % specdec::kBlock == 0 && scaled && scale.sizes() == at::IntArrayRef(shape), "decoder_pass: block weights [", N,
+                ", ", K, "] need K a multiple of 32 and scales ", at::IntArrayRef(shape));
+  };
+  Kind kind;
+  switch (w.scalar_type()) {
+    case at::kFloat: kind = Kind::kFloat; break;
+    case at::kBFloat16: kind = Kind::kBFloat16; break;
+    case at::kByte: kind = Kind::kQ4_1, blocks_of({N, K / specdec::kBlock, 2}); break;
+    case at::kChar:
+      if (scaled && scale.dim() == 2) {
+        kind = Kind::kQ8_0, blocks_of({N, K / specdec::kBlock});
+      } else {
+        TORCH_CHECK(scaled && scale.dim() == 1 && scale.size(0) == N, "decoder_pass: int8 weights need one scale per row or per block");
+        kind = Kind::kInt8Rows;
+      }
+      break;
+    default: TORCH_CHECK(false, "decoder_pass: weights must be fp32, bf16, int8 or uint8 blocks, got ", w.scalar_type());
+  }
+  TORCH_CHECK((kind == Kind::kFloat || kind == Kind::kBFloat16) != scaled, "decoder_pass: a scale for exactly the int8 and block weights");
+  return {kind, w.data_ptr(), scaled ? scale.data_ptr<float>() : nullptr, N, K};
+}
+
 // One decoder pass (csrc/cpu/decoder.h) over M tokens; the layout of the arguments is
 // specdec_fast/models/lean.py's: norms [2 L + 1] (attention and MLP norm of each layer, then
-// the final norm), weights [4 L + 1] (qkv, o, gate_up, down of each layer, then the head), all
-// fp32, bf16 or int8 (then scales [4 L + 1] fp32, one per output row), qkv_bias [L] or empty.
-template <typename W>
-std::tuple<at::Tensor, at::Tensor> decoder_pass_impl(const at::Tensor& x, at::TensorList norms, at::TensorList weights,
-                                                     at::TensorList scales, at::TensorList qkv_bias,
-                                                     const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& rows,
-                                                     const at::Tensor& positions, const at::Tensor& slots, at::Tensor& cache,
-                                                     const at::Tensor& logit_rows, int64_t heads, int64_t kv_heads,
-                                                     double eps) {
+// the final norm), weights [4 L + 1] (qkv, o, gate_up, down of each layer, then the head), each
+// as decoder_linear reads it with scales [4 L + 1] (empty tensors for fp32 and bf16), or scales
+// empty for all fp32 / bf16 weights; qkv_bias [L] or empty.
+std::tuple<at::Tensor, at::Tensor> decoder_pass_cpu(const at::Tensor& x, at::TensorList norms, at::TensorList weights,
+                                                    at::TensorList scales, at::TensorList qkv_bias, const at::Tensor& cos,
+                                                    const at::Tensor& sin, const at::Tensor& rows, const at::Tensor& positions,
+                                                    const at::Tensor& slots, at::Tensor cache, const at::Tensor& logit_rows, int64_t heads,
+                                                    int64_t kv_heads, double eps) {
   const int64_t M = x.size(0), d = x.size(1), L = static_cast<int64_t>(norms.size() - 1) / 2;
-  const int64_t hd = cache.size(5), I = weights[2].size(0) / 2, R = logit_rows.size(0), V = weights[4 * L].size(0);
-  TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == at::kFloat && cache.size(1) == L, "decoder_pass: bad cache");
   TORCH_CHECK(weights.size() == static_cast<size_t>(4 * L + 1), "decoder_pass: 4 weights per layer and a head");
-  const auto linear = [&](int64_t i) {
-    const at::Tensor& w = weights[i];
-    TORCH_CHECK(w.is_contiguous() && w.dim() == 2, "decoder_pass: weights must be contiguous 2D");
-    return specdec::Linear<W>{reinterpret_cast<const W*>(w.data_ptr()), scales.empty() ? nullptr : scales[i].data_ptr<float>(),
-                              w.size(0), w.size(1)};
-  };
-  std::vector<specdec::DecoderLayer<W>> layers;
+  TORCH_CHECK(scales.empty() || scales.size() == weights.size(), "decoder_pass: no scales, or one (maybe empty) per weight");
+  const auto linear = [&](int64_t i) { return decoder_linear(weights[i], scales.empty() ? at::Tensor() : scales[i]); };
+  const specdec::Linear head = linear(4 * L);
+  const int64_t hd = cache.size(5), I = weights[2].size(0) / 2, R = logit_rows.size(0), V = head.out;
+  TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == at::kFloat && cache.size(1) == L, "decoder_pass: bad cache");
+  std::vector<specdec::DecoderLayer> layers;
   for (int64_t l = 0; l < L; ++l)
     layers.push_back({norms[2 * l].data_ptr<float>(), linear(4 * l), qkv_bias.empty() ? nullptr : qkv_bias[l].data_ptr<float>(),
                       linear(4 * l + 1), norms[2 * l + 1].data_ptr<float>(), linear(4 * l + 2), linear(4 * l + 3)});
@@ -195,28 +223,11 @@ std::tuple<at::Tensor, at::Tensor> decoder_pass_impl(const at::Tensor& x, at::Te
   const specdec::PassTokens tokens{M, row.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), slot.data_ptr<int64_t>(), c.data_ptr<float>(), s.data_ptr<float>()};
   const specdec::KVCache kv{cache.data_ptr<float>(), L, kv_heads, cache.size(4), hd};
   const at::Tensor lr = logit_rows.contiguous();
-  specdec::decoder_pass<W>(h.data_ptr<float>(), layers, norms[2 * L].data_ptr<float>(), linear(4 * L), shape, tokens, kv, buf,
-                           hidden.data_ptr<float>(), lr.data_ptr<int64_t>(), R, p + M * (2 * d + (2 * heads + 2 * kv_heads) * hd + 3 * I),
-                           logits.data_ptr<float>(), at::get_num_threads());
+  TORCH_CHECK(R == 0 || (lr.min().item<int64_t>() >= 0 && lr.max().item<int64_t>() < M), "decoder_pass: logit_rows must index the pass's ", M, " tokens");
+  specdec::decoder_pass(h.data_ptr<float>(), layers, norms[2 * L].data_ptr<float>(), head, shape, tokens, kv, buf,
+                        hidden.data_ptr<float>(), lr.data_ptr<int64_t>(), R, p + M * (2 * d + (2 * heads + 2 * kv_heads) * hd + 3 * I),
+                        logits.data_ptr<float>(), at::get_num_threads());
   return {hidden, logits};
-}
-
-std::tuple<at::Tensor, at::Tensor> decoder_pass_cpu(const at::Tensor& x, at::TensorList norms, at::TensorList weights,
-                                                    at::TensorList scales, at::TensorList qkv_bias, const at::Tensor& cos,
-                                                    const at::Tensor& sin, const at::Tensor& rows, const at::Tensor& positions,
-                                                    const at::Tensor& slots, at::Tensor cache, const at::Tensor& logit_rows, int64_t heads,
-                                                    int64_t kv_heads, double eps) {
-  switch (weights[0].scalar_type()) {
-    case at::kFloat:
-      return decoder_pass_impl<float>(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots, cache, logit_rows, heads, kv_heads, eps);
-    case at::kBFloat16:
-      return decoder_pass_impl<specdec::BFloat16>(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots, cache, logit_rows, heads, kv_heads, eps);
-    case at::kChar:
-      TORCH_CHECK(scales.size() == weights.size(), "decoder_pass: int8 weights need a scale per weight");
-      return decoder_pass_impl<int8_t>(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots, cache, logit_rows, heads, kv_heads, eps);
-    default:
-      TORCH_CHECK(false, "decoder_pass: weights must be fp32, bf16 or int8, got ", weights[0].scalar_type());
-  }
 }
 
 // Prompt lookup (csrc/cpu/lookup.h) for B sequences: tokens [B, H] int64 (row b's first

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "simd.h"
 
@@ -124,6 +125,82 @@ void skinny_linear(const float* x, int64_t M, const W* w, const float* scale, fl
     for (int64_t t = 0, m = 0; t < tiles; ++t) {
       const int64_t rows = (M - m) / (tiles - t);
       table[cols - 1][rows - 1](x, w, scale, y, K, N, m, n);
+      m += rows;
+    }
+  }
+}
+
+// Weights stored in blocks of 32 along k, as ggml's Q4_1 and Q8_0 formats store them: a block
+// of Q4_1 is 16 bytes of 4-bit codes q (byte j: element j in the low nibble, element j + 16 in
+// the high one) with a scale d and an offset m, w = fl(fl(d q) + m); a block of Q8_0 is 32 int8
+// codes with a scale d, w = fl(d q). d and m are fp16 numbers, held in fp32 here ([N, K / 32, 2]
+// (d, m) for Q4_1, [N, K / 32] for Q8_0). d q is exact in fp32 (11 significant bits times 4 or
+// 8), so w has one rounding however it is computed: the fp32 value a GGUF loader makes of the
+// file. A model dequantised from such a file is read back from its blocks, bit for bit, at 6 or
+// 9 bits per weight instead of 32 (specdec_fast/kernels/blocks.py finds them).
+enum class BlockFormat { kQ4_1, kQ8_0 };
+constexpr int64_t kBlock = 32;
+
+// kWidth 4-bit codes of a Q4_1 block from bytes p (the low nibbles, or the high with shift 4), as fp32.
+inline vfloat load_nibbles(const uint8_t* p, int shift) {
+#if defined(__AVX512F__)
+  const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return (vfloat)_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(wide, shift), _mm512_set1_epi32(15)));
+#elif defined(__AVX2__)
+  const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+  return (vfloat)_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(wide, shift), _mm256_set1_epi32(15)));
+#else
+  vfloat v;
+  for (int l = 0; l < kWidth; ++l) v[l] = static_cast<float>((p[l] >> shift) & 15);
+  return v;
+#endif
+}
+
+// Rows [n, n + rows) of block weights, dequantised into out [rows, K] (K a multiple of kBlock).
+inline void dequantize_rows(BlockFormat format, const void* codes, const float* scales, int64_t K, int64_t n, int64_t rows,
+                            float* out) {
+  const int64_t blocks = K / kBlock;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t block = (n + r) * blocks + b;
+      float* o = out + r * K + b * kBlock;
+      if (format == BlockFormat::kQ4_1) {
+        const uint8_t* q = static_cast<const uint8_t*>(codes) + block * kBlock / 2;
+        const vfloat d = splat(scales[2 * block]), m = splat(scales[2 * block + 1]);
+        __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
+#if defined(__AVX512F__)
+        // The block's 16 values d q + m, q = 0..15, in one register; each code then picks its value.
+        const __m512 table = (__m512)(d * (vfloat)_mm512_cvtepi32_ps(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)) + m);
+        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+        _mm512_storeu_ps(o, _mm512_permutexvar_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)), table));
+        _mm512_storeu_ps(o + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table));
+#else
+        for (int64_t e = 0; e < kBlock; e += kWidth) store(o + e, d * load_nibbles(q + e % 16, e < 16 ? 0 : 4) + m);
+#endif
+      } else {
+        const int8_t* q = static_cast<const int8_t*>(codes) + block * kBlock;
+        const vfloat d = splat(scales[block]);
+        __builtin_prefetch(q + kPrefetchBytes / 2, 0, 2);
+        for (int64_t e = 0; e < kBlock; e += kWidth) store(o + e, d * load_weights(q + e));
+      }
+    }
+}
+
+// skinny_linear over block weights: each group of kTileCols weight rows is dequantised into a
+// per-thread buffer (L1-sized) and multiplied by the fp32 tiles, so every output is the fp32
+// kernel's sum over the same values: the same bits as the dequantised matrix in fp32.
+inline void skinny_linear_blocks(const float* x, int64_t M, BlockFormat format, const void* codes, const float* scales,
+                                 float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+  static constexpr auto table = tile_table<float>(std::make_integer_sequence<int, kTileCols>{});
+  thread_local std::vector<float> buffer;
+  buffer.resize(kTileCols * K);
+  const int64_t tiles = (M + kTileRows - 1) / kTileRows;
+  for (int64_t n = n0; n < n1; n += kTileCols) {
+    const int64_t cols = std::min<int64_t>(kTileCols, n1 - n);
+    dequantize_rows(format, codes, scales, K, n, cols, buffer.data());
+    for (int64_t t = 0, m = 0; t < tiles; ++t) {
+      const int64_t rows = (M - m) / (tiles - t);
+      table[cols - 1][rows - 1](x, buffer.data(), nullptr, y + n, K, N, m, 0);
       m += rows;
     }
   }

@@ -1,7 +1,9 @@
 """The target's own pass (``specdec-fast pass-bench``): one-token and (k+1)-token pass times of
 SmolLM2-135M-Instruct through transformers (eager), our previous path (skinny linear + packed
-GQA on transformers' modules), the lean path (fp32, an A/A twin, bf16, int8) and llama.cpp on
-GGUFs of the same checkpoint (F32, BF16; skipped, saying why, without llama-cpp-python), beside
+GQA on transformers' modules), the lean path (fp32 read from the checkpoint's Q4_1 / Q8_0 blocks,
+an A/A twin, the same fp32 matrices read whole, bf16, int8) and llama.cpp on GGUFs of the same
+checkpoint (F32, BF16, and the shipped Q4_1 file itself; skipped, saying why, without
+llama-cpp-python), beside
 the bound that the read bandwidth measured in the same run sets (the larger of two plain reads); then greedy decoding of chat
 prompts by each engine, and by fast_generate with the shipped feature draft and its shipped policy
 (the main job).
@@ -27,8 +29,8 @@ from ..drafts.shipped import default_feature_draft
 from ..kernels.linear import skinny_linear
 from ..models.cached_lm import HFCachedLM
 from ..models.fast_passes import use_fast_passes
-from ..models.lean import LeanLM, LeanWeights
-from ..models.smollm2 import load_smollm2, smollm2_path
+from ..models.lean import PRECISIONS, LeanLM, LeanWeights
+from ..models.smollm2 import gguf_path, load_smollm2, smollm2_path
 from ..policies.shipped import default_policy
 from .common import machine, markdown_table, median_time, pyplot, save_figure, write_results
 from .microbench import read_bandwidth
@@ -43,9 +45,12 @@ def _engines(model, eager, threads: int) -> tuple[dict, dict, str | None]:
     copy of ``model`` that keeps transformers' own modules."""
     ours = {"transformers eager": lambda: HFCachedLM(eager), "skinny + packed GQA": lambda: HFCachedLM(use_fast_passes(model)),
             "lean fp32": lambda: LeanLM(model), "lean fp32 (A/A)": lambda: LeanLM(model),
+            "lean fp32-dense": lambda: LeanLM(model, "fp32-dense"),
             "lean bf16": lambda: LeanLM(model, "bf16"), "lean int8": lambda: LeanLM(model, "int8")}
     missing = peer_missing()
     peers = {} if missing else {f"llama.cpp {t}": LlamaCppPeer(gguf_file(smollm2_path(), t), threads) for t in ("F32", "BF16")}
+    if not missing:
+        peers["llama.cpp Q4_1"] = LlamaCppPeer(gguf_path(), threads)
     return ours, peers, missing
 
 
@@ -88,12 +93,22 @@ def read_bandwidth_best(repeats: int = 7) -> dict[str, float]:
 
 
 def weight_bytes(model) -> dict[str, int]:
-    """Bytes a one-token pass must read per weight precision (the matrices; one embedding row)."""
+    """Bytes a one-token pass must read per lean precision (the matrices; one embedding row): "fp32"
+    from the checkpoint's blocks, "fp32-dense" whole fp32 matrices, "bf16", "int8"."""
     out = {}
-    for precision in ("fp32", "bf16", "int8"):
+    for precision in PRECISIONS:
         w = LeanWeights.of(model, precision)
         out[precision] = sum(t.numel() * t.element_size() for t in w.weights + w.scales) + w.embed.shape[1] * 4
     return out
+
+
+def weight_key(engine: str) -> str:
+    """The :func:`weight_bytes` key of an engine's weights: transformers and llama.cpp F32 read fp32
+    matrices whole, llama.cpp Q4_1 blocks (a little fewer bytes than ours: fp16 scales)."""
+    for precision in ("fp32-dense", "bf16", "int8"):
+        if precision in engine.lower():
+            return precision
+    return "fp32-dense" if engine in ("transformers eager", "skinny + packed GQA", "llama.cpp F32") else "fp32"
 
 
 def kv_bytes(model, cached: int) -> int:
@@ -113,6 +128,8 @@ def decode(model, eager, tokenizer, peers: dict, prompts: int, max_new_tokens: i
         "autoregressive, skinny + packed GQA": lambda ids: generate_autoregressive(
             model, ids, max_new_tokens=max_new_tokens, eos_token_id=(), lean="off").tokens,
         "autoregressive, lean fp32": lambda ids: generate_autoregressive(model, ids, max_new_tokens=max_new_tokens, eos_token_id=()).tokens,
+        "autoregressive, lean fp32-dense": lambda ids: generate_autoregressive(model, ids, max_new_tokens=max_new_tokens,
+                                                                               eos_token_id=(), lean="fp32-dense").tokens,
         "autoregressive, lean bf16": lambda ids: generate_autoregressive(model, ids, max_new_tokens=max_new_tokens, eos_token_id=(),
                                                                          lean="bf16").tokens,
         "fast_generate feature draft, lean fp32": lambda ids: fast_generate(
@@ -152,11 +169,10 @@ def run(repeats: int, prompts: int, max_new_tokens: int, decode_repeats: int, ou
         print(f"llama.cpp peer skipped: {missing}")
     times = pass_times(ours, peers, repeats)
     weights = weight_bytes(model)
-    precision = lambda name: "bf16" if "bf16" in name.lower() else "int8" if "int8" in name else "fp32"  # noqa: E731
     rows = []
     for name in list(ours) + list(peers):
         for c in CACHED:
-            bound_s = (weights[precision(name)] + kv_bytes(model, c)) / bandwidth
+            bound_s = (weights[weight_key(name)] + kv_bytes(model, c)) / bandwidth
             t1 = times[name, c, 1]
             rows.append(dict(engine=name, cached=c, **{f"ms_{n}": times[name, c, n] * 1e3 for n in SIZES},
                              tokens_per_s=1 / t1, v=[times[name, c, n] / t1 for n in SIZES], of_bound=bound_s / t1,

@@ -78,7 +78,9 @@ def fast_generate(
             with alternatives, these are the chain's, before an alternative is chosen.
         lean: the target's pass (:mod:`specdec_fast.models.lean`): "auto" (the lean path where the
             model allows, on a CPU; transformers' with ``num_alternatives``), "off", or a weight
-            precision "fp32", "bf16", "int8" (the output then follows that model's distribution).
+            precision "fp32" (read from the checkpoint's 4- / 8-bit blocks where the fp32 weights
+            are exactly such blocks: the same numbers), "fp32-dense" (always whole fp32 matrices),
+            "bf16", "int8" (the output then follows that model's distribution).
 
     Returns:
         GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.

@@ -13,8 +13,11 @@ buffer in which a rollback only moves a length.
 hidden state of every cached position (``features``) for a feature draft. :func:`lean_unsupported`
 says why a model cannot take the path (the loops then use transformers').
 
-Weights may be read as bf16 or int8 (``precision``): the output then follows the distribution
-of that bf16 / int8 model, exactly, not the fp32 model's.
+fp32 weights that are exactly 4- or 8-bit blocks (a model dequantised from a Q4_1 / Q8_0 GGUF
+file, as the default target is) are read from their blocks (kernels/blocks.py): the same fp32
+numbers, the same output bits, a sixth of the bytes. Weights may instead be read as bf16 or int8
+(``precision``): the output then follows the distribution of that bf16 / int8 model, exactly,
+not the fp32 model's.
 """
 
 from __future__ import annotations
@@ -26,12 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..kernels.blocks import pack_blocks
 from ..kernels.decoder import PREFILL_TOKENS, decoder_pass, prefill_pass
 from ..kernels.linear import quantize_int8
 from .cached_lm import CachedLM, TransformersLM, as_cached_lm, is_transformers_lm
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "fp32-dense", "bf16", "int8")  # fp32: from the checkpoint's blocks where it has them
 LEAN_CHOICES = ("auto", "off") + PRECISIONS  # what ``lean=`` takes wherever a loop builds its caches
 STATIC_ROPE = (None, "default", "linear", "llama3", "yarn")  # rotary tables that depend on the position only
 
@@ -79,12 +83,14 @@ def _stacked(modules: list[nn.Linear]) -> Tensor:
 
 @dataclass
 class LeanWeights:
-    """A model's tensors in :func:`decoder_pass`'s layout (see there), at one precision."""
+    """A model's tensors in :func:`decoder_pass`'s layout (see there), at one precision; ``dense``:
+    the fp32 matrices themselves (for :func:`prefill_pass`) when the precision is fp32, else None."""
 
     embed: Tensor
     norms: list[Tensor]
     weights: list[Tensor]
     scales: list[Tensor]
+    dense: list[Tensor] | None
     qkv_bias: list[Tensor]
     heads: int
     kv_heads: int
@@ -93,8 +99,10 @@ class LeanWeights:
 
     @classmethod
     def of(cls, model: nn.Module, precision: str = "fp32") -> "LeanWeights":
-        """``model``'s weights for the lean path (``precision`` "fp32": the model's own tensors;
-        "bf16" or "int8": converted copies, made once per model and precision)."""
+        """``model``'s weights for the lean path, made once per model and precision: "fp32": the
+        model's own tensors, read from their codes where they are exactly blocks
+        (:func:`~specdec_fast.kernels.blocks.pack_blocks`); "fp32-dense": the tensors themselves
+        always; "bf16" or "int8": converted copies."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         reason = lean_unsupported(model)
@@ -119,13 +127,18 @@ class LeanWeights:
                 biases.append(torch.cat([p.bias.detach() for p in projections]))
         norms.append(model.model.norm.weight.detach())
         matrices.append(model.get_output_embeddings().weight.detach())
-        scales = []
+        scales, dense = [], [w.contiguous() for w in matrices] if precision.startswith("fp32") else None
         if precision == "bf16":
             matrices = [w.to(torch.bfloat16) for w in matrices]
         elif precision == "int8":
             matrices, scales = map(list, zip(*(quantize_int8(w) for w in matrices)))
+        elif precision == "fp32":
+            blocks = [pack_blocks(w) for w in matrices]
+            if any(blocks):
+                matrices = [b[0] if b else w for b, w in zip(blocks, matrices)]
+                scales = [b[1] if b else torch.empty(0) for b in blocks]
         heads = config.num_attention_heads
-        return cls(model.get_input_embeddings().weight.detach(), norms, [w.contiguous() for w in matrices], scales,
+        return cls(model.get_input_embeddings().weight.detach(), norms, [w.contiguous() for w in matrices], scales, dense,
                    biases, heads, config.num_key_value_heads,
                    getattr(config, "head_dim", None) or config.hidden_size // heads, float(config.rms_norm_eps))
 
@@ -184,7 +197,7 @@ class LeanPass:
 
     def _prompts(self, rows: Tensor, positions: Tensor, slots: Tensor) -> list[tuple[int, Tensor]]:
         """(row, its token indices) of each row whose tokens in this pass are a prompt (see __call__)."""
-        if len(rows) < PREFILL_TOKENS or self.w.weights[0].dtype != torch.float32 or int(positions.min()) != 0:
+        if len(rows) < PREFILL_TOKENS or self.w.dense is None or int(positions.min()) != 0:
             return []
         prompts = []
         for row in rows[positions == 0].tolist():
@@ -201,17 +214,17 @@ class LeanPass:
         w = self.w
         hidden, rest = torch.empty_like(x), torch.ones(len(x), dtype=torch.bool, device=x.device)
         for row, index in prompts:
-            hidden[index] = prefill_pass(x[index], w.norms, w.weights, w.scales, w.qkv_bias, cos[index], sin[index], row,
+            hidden[index] = prefill_pass(x[index], w.norms, w.dense, [], w.qkv_bias, cos[index], sin[index], row,
                                          self.cache, w.heads, w.kv_heads, w.eps)
             rest[index] = False
-        logits = torch.empty(len(logit_rows), w.weights[-1].shape[0], device=x.device)
+        logits = torch.empty(len(logit_rows), w.dense[-1].shape[0], device=x.device)
         kernel_rows = rest[logit_rows]
         if rest.any():
             at = rest.cumsum(0) - 1  # a token's index among the rest
             hidden[rest], logits[kernel_rows] = decoder_pass(
                 x[rest], w.norms, w.weights, w.scales, w.qkv_bias, cos[rest], sin[rest], rows[rest], positions[rest],
                 slots[rest], self.cache, at[logit_rows[kernel_rows]], w.heads, w.kv_heads, w.eps)
-        logits[~kernel_rows] = F.linear(hidden[logit_rows[~kernel_rows]], w.weights[-1])
+        logits[~kernel_rows] = F.linear(hidden[logit_rows[~kernel_rows]], w.dense[-1])
         return hidden, logits
 
 
@@ -325,7 +338,7 @@ def lean_precision(model, lean: str = "auto") -> str | None:
     """The weight precision at which ``model`` takes the lean path, or None for transformers' path.
 
     ``lean``: "auto" (fp32 where :func:`lean_unsupported` allows and the model is on a CPU, else
-    None), "off" (None), or a precision ("fp32", "bf16", "int8": a ValueError where the model cannot
+    None), "off" (None), or a precision (:data:`PRECISIONS`: a ValueError where the model cannot
     take the path). Objects that are already caches are left alone (None)."""
     if lean not in LEAN_CHOICES:
         raise ValueError(f"lean must be one of {', '.join(LEAN_CHOICES)}, got {lean!r}")

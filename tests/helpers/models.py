@@ -6,7 +6,9 @@ from __future__ import annotations
 import copy
 from types import SimpleNamespace
 
+import gguf.quants
 import torch
+from gguf import GGMLQuantizationType
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from specdec_fast.decoding import batch_generate
@@ -43,6 +45,25 @@ def with_weights_read_as(model, precision: str):
                 q, scale = quantize_int8(w)
                 w = q.float() * scale[:, None]
             module.weight = torch.nn.Parameter(w, requires_grad=False)
+    return twin
+
+
+def gguf_roundtrip(weight: torch.Tensor, qtype: str) -> torch.Tensor:
+    """``weight`` [N, K] quantised to ggml ``qtype`` ("Q4_1", "Q8_0") and dequantised by the gguf
+    package: the fp32 values a GGUF loader gives a model stored in that format."""
+    kind = GGMLQuantizationType[qtype]
+    data = weight.detach().float().numpy()
+    return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(data, kind), kind).reshape(data.shape).copy())
+
+
+def as_gguf(model, qtype: str):
+    """A copy of ``model`` whose linear weights are :func:`gguf_roundtrip`'s, as if loaded from a
+    GGUF file in ``qtype`` (a tied head, and so the embeddings, too)."""
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for module in twin.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight.copy_(gguf_roundtrip(module.weight, qtype))
     return twin
 
 

@@ -167,3 +167,16 @@ def test_which_models_take_the_path(model):
     assert lean_precision(model, "off") is None and lean_precision(model, "int8") == "int8"
     with pytest.raises(ValueError, match="lean must be one of"):
         lean_precision(model, "fp16")
+
+
+def test_the_kernel_rejects_logit_rows_outside_the_pass(model):
+    """A logit row past the pass's tokens (or negative) is an error, not a read out of bounds."""
+    lean = LeanPass(model, 1)
+    w, tokens = lean.w, ids(3)
+    x = w.embed[tokens]
+    cos, sin = lean.rotary(x, torch.arange(3)[None])
+    for rows in ([3], [-1]):
+        with pytest.raises(RuntimeError, match="logit_rows must index the pass's 3 tokens"):
+            decoder_pass(x, w.norms, w.weights, w.scales, w.qkv_bias, cos[0], sin[0], torch.zeros(3, dtype=torch.int64),
+                         torch.arange(3), torch.arange(3), lean.cache, torch.tensor(rows), w.heads, w.kv_heads, w.eps,
+                         backend="cpu")

@@ -12,7 +12,7 @@ from specdec_fast import generate_autoregressive
 from specdec_fast.data.prompts import heldout_prompts
 from specdec_fast.decoding.requests import chat_prompt_ids
 from specdec_fast.models.cached_lm import HFCachedLM
-from specdec_fast.models.lean import LeanLM
+from specdec_fast.models.lean import LeanLM, LeanWeights
 
 from helpers.models import with_weights_read_as
 
@@ -56,3 +56,19 @@ def test_greedy_equals_transformers_generate_on_the_heldout_prompts(smollm2):
             flips.append((p["prompt"][:40], i, float(top2[0] - top2[1])))
     assert all(margin < 1e-3 for *_, margin in flips), f"greedy flips that are not near-ties: {flips}"
     assert len(flips) <= 1, f"flips (prompt, position, transformers' top-2 logit margin): {flips}"
+
+
+def test_the_q4_1_checkpoint_is_read_from_its_blocks_with_the_fp32_bits(smollm2):
+    """The default target was dequantised from a Q4_1 GGUF (a Q8_0 embedding): every matrix of the
+    lean pass is found in blocks, and a prompt pass, one token and nine give the logits of the fp32
+    matrices bit for bit."""
+    model, tokenizer = smollm2
+    packed, dense = LeanWeights.of(model, "fp32"), LeanWeights.of(model, "fp32-dense")
+    assert [w.dtype for w in packed.weights] == [torch.uint8] * (len(packed.weights) - 1) + [torch.int8]
+    assert sum(t.numel() * t.element_size() for t in packed.weights + packed.scales) < sum(
+        t.numel() * t.element_size() for t in dense.weights) / 4
+    text = tokenizer(" ".join(p["prompt"] for p in heldout_prompts()[:20]), return_tensors="pt").input_ids[0]
+    assert len(text) >= 150
+    ours, theirs = LeanLM(model), LeanLM(model, "fp32-dense")
+    for start, n in ((0, 140), (140, 1), (141, 9)):
+        assert torch.equal(ours.extend(text[start: start + n], n), theirs.extend(text[start: start + n], n))

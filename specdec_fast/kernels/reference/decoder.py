@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..blocks import is_blocks, unpack_blocks
+
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x [..., d] * rsqrt(mean(x^2) + eps) * weight [d] (transformers' LlamaRMSNorm, fp32)."""
@@ -23,7 +25,11 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def weight_linear(x: Tensor, weight: Tensor, scale: Tensor | None) -> Tensor:
-    """x [M, in] fp32 @ weight [out, in]^T (fp32, bf16 read exactly as fp32, or int8 times scale [out])."""
+    """x [M, in] fp32 @ weight [out, in]^T: fp32, bf16 read exactly as fp32, int8 times scale [out],
+    or block weights (kernels/blocks.py) as the fp32 matrix they hold. scale None or empty: none."""
+    scale = scale if scale is not None and scale.numel() else None
+    if is_blocks(weight, scale):
+        return F.linear(x, unpack_blocks(weight, scale))
     y = F.linear(x, weight.float())
     return y if scale is None else y * scale
 
