@@ -12,7 +12,11 @@ features (a head of its own: for a feature draft the next position, drafted from
 own features, is accepted far less often than the current one, so a_i is no proxy for it),
 c and T(n) (seconds of a draft step and of a target pass over n tokens) measured, and lambda
 the running throughput. The first draft position is decided after its draft pass, on that
-position's distribution (``propose_first``; the pass itself is spent). For block verification
+position's distribution (``propose_first``; the pass itself is spent). Whether to draft at all
+is decided before the round, on what drafting rounds have been worth: the running mean of
+N - 1 - lambda (t - T(1)) over them (N tokens in t seconds, against a plain round's one token
+in T(1)). Where a fast target pass or a dear draft makes drafting lose, rounds draft nothing,
+with a one-token probe now and then so the estimate can recover. For block verification
 s_i is the clipped cumulative ratio min(1, s_{i-1} rho_i), rho = E[min(R, p/q)], and the gain
 of token i + 1 is min(1, s_i rho_{i+1}).
 """
@@ -28,6 +32,7 @@ from .mdp import FEATURES, MDPState, SpeculativePolicy
 
 RATIO_CAP = 4.0  # the ratio head predicts E[min(RATIO_CAP, p/q)] / RATIO_CAP
 PRIOR_TOKENS = 4.0  # the batch rule's prior on alpha (0.5) weighs as much as this many drafted tokens
+PRIOR_DRAFT_VALUE = 0.5  # tokens a drafting round is worth before one was measured: draft, and learn
 
 
 class FeatureMLP(nn.Module):
@@ -110,6 +115,7 @@ class CostAwarePolicy(SpeculativePolicy):
         self.alpha_sum, self.alpha_weight = 0.5 * PRIOR_TOKENS, PRIOR_TOKENS  # see token_acceptance
         self.batch_probed = False
         self.tokens, self.seconds = 1.0, costs.target(1)  # running throughput = tokens / seconds
+        self.draft_value = PRIOR_DRAFT_VALUE  # running E[N - 1 - lambda (t - T(1))] of drafting rounds
         self.skipped, self.gap = 0, probe_every  # rounds without drafting; rounds until the next probe
         self.drafting = 0  # batch rounds in a row that drafted
 
@@ -124,10 +130,10 @@ class CostAwarePolicy(SpeculativePolicy):
         taken at face value, one lucky probe had a single sequence drafting 8 tokens a round."""
         return self.alpha_sum / self.alpha_weight
 
-    def _worth(self, gain: float, drafted: int, draft_step: bool = True) -> bool:
+    def _worth(self, gain: float, drafted: int) -> bool:
         """Is one more draft token (after `drafted`) with expected gain `gain` worth its cost (the
-        larger target pass, and the draft step unless it is spent already)?"""
-        cost = self.costs.target(drafted + 2) - self.costs.target(drafted + 1) + (self.costs.draft() if draft_step else 0.0)
+        larger target pass and the draft step)?"""
+        cost = self.costs.target(drafted + 2) - self.costs.target(drafted + 1) + self.costs.draft()
         return gain >= self.throughput() * cost
 
     def _probe(self, length: int, probe: int) -> int:
@@ -167,7 +173,8 @@ class CostAwarePolicy(SpeculativePolicy):
                 self.batch_probed = True
                 return probe
             return self._probe(max(range(limit + 1), key=lambda k: rate(self.token_acceptance, k)), probe)
-        return limit if self._worth(1.0, 0) else 0
+        could_pay = self._worth(1.0, 0)  # a sure acceptance pays for a step and the larger pass
+        return self._probe(limit if could_pay and self.draft_value >= 0 else 0, min(1, limit) if could_pay else 0)
 
     @torch.no_grad()
     def predict(self, state: MDPState) -> list[float]:
@@ -175,7 +182,8 @@ class CostAwarePolicy(SpeculativePolicy):
         return self.predictor(state.features()[None])[0].tolist()
 
     def propose_first(self, step: DraftStepOutput, temperature: float) -> bool:
-        return self._worth(self.predict(self.first_state(step, temperature))[0], 0, draft_step=False)
+        accept = self.predict(self.first_state(step, temperature))[0]
+        return accept >= self.throughput() * (self.costs.target(2) - self.costs.target(1))
 
     def decide(self, state: MDPState) -> bool:
         accept, ratio, next_accept, next_ratio = self.predict(state)
@@ -197,6 +205,9 @@ class CostAwarePolicy(SpeculativePolicy):
                 self.alpha_sum = a * self.alpha_sum + rows * drafted * alpha
                 self.alpha_weight = a * self.alpha_weight + rows * drafted
             return
+        if draft_s > 0:  # a drafting round, verified or withheld
+            value = accepted - self.throughput() * (draft_s + target_s - self.costs.target(1))
+            self.draft_value = a * self.draft_value + (1 - a) * value
         self.tokens = a * self.tokens + (1 - a) * (accepted + 1)
         self.seconds = a * self.seconds + (1 - a) * (draft_s + target_s)
 

@@ -245,6 +245,21 @@ def test_cost_aware_policy_drafts_only_when_it_pays():
     assert [hopeless.begin_round(50) for _ in range(20)] == [0] * 20  # even acceptance 1 would not pay
 
 
+def test_cost_aware_policy_stops_drafting_when_drafting_rounds_lose_and_probes():
+    """Rounds that drafted are weighed against plain rounds: N - 1 - lambda (t - T(1)). Drafting rounds
+    that lost (nothing accepted, a dearer round) stop the drafting; a one-token probe follows after
+    ``probe_every`` plain rounds; rounds that paid keep it going."""
+    losing = CostAwarePolicy(predicting(0.99, 0.25, 0.99, 0.25), gate_costs(), probe_every=4)
+    assert losing.begin_round(50) == 8  # before any measurement: draft, and learn
+    for _ in range(10):
+        losing.observe(1, 0.0, 0.02, 0.16)
+    assert [losing.begin_round(50) for _ in range(6)] == [0, 0, 0, 0, 1, 0]
+    paying = CostAwarePolicy(predicting(0.99, 0.25, 0.99, 0.25), gate_costs(), probe_every=4)
+    for _ in range(10):
+        paying.observe(3, 3.0, 0.06, 0.22)
+    assert all(paying.begin_round(50) == 8 for _ in range(4))
+
+
 def test_each_ablation_of_the_cost_aware_policy_changes_its_one_rule():
     """benchmarks/policies.py's ablations: no first-draft gate; the next acceptance read as the current one's."""
     for cls, verified in ((CostAwarePolicy, False), (VerifyEveryFirstDraft, True)):
