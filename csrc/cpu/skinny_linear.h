@@ -186,11 +186,71 @@ inline void dequantize_rows(BlockFormat format, const void* codes, const float* 
     }
 }
 
+#if defined(__AVX512F__)
+constexpr int kFusedRows = 6;  // up to this many input rows (one tile), Q4_1 weights are dequantised in registers
+
+// One tile of y (as skinny_tile, MR <= kFusedRows rows by NR weight rows) over Q4_1 weights
+// dequantised in registers, not through a buffer: per block, each weight row's 16-value table
+// (d q + m for q = 0..15) turns its 32 codes into two vectors, the low nibbles (k = 32 b + l) then
+// the high (k = 32 b + 16 + l), which is skinny_tile's order along k: the same sums, the same bits.
+template <int MR, int NR>
+void skinny_tile_q4_1(const float* x, const uint8_t* codes, const float* scales, float* y, int64_t K, int64_t N,
+                      int64_t n0) {
+  const int64_t blocks = K / kBlock;
+  const vfloat iota = (vfloat)_mm512_cvtepi32_ps(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+  vfloat acc[MR][NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) acc[i][j] = vfloat{};
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 table[NR];
+    __m512i bytes[NR];
+    for (int j = 0; j < NR; ++j) {
+      const int64_t block = (n0 + j) * blocks + b;
+      const uint8_t* q = codes + block * kBlock / 2;
+      __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
+      table[j] = (__m512)(splat(scales[2 * block]) * iota + splat(scales[2 * block + 1]));
+      bytes[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    }
+    for (int half = 0; half < 2; ++half) {
+      vfloat wk[NR];
+      for (int j = 0; j < NR; ++j)
+        wk[j] = (vfloat)_mm512_permutexvar_ps(half ? _mm512_srli_epi32(bytes[j], 4) : _mm512_and_si512(bytes[j], _mm512_set1_epi32(15)),
+                                              table[j]);
+      for (int i = 0; i < MR; ++i) {
+        const vfloat xk = load(x + i * K + b * kBlock + half * kWidth);
+        for (int j = 0; j < NR; ++j) acc[i][j] = fma(wk[j], xk, acc[i][j]);
+      }
+    }
+  }
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) y[i * N + n0 + j] = reduce_add(acc[i][j]);
+}
+
+using FusedTile = void (*)(const float*, const uint8_t*, const float*, float*, int64_t, int64_t, int64_t);
+template <int NR, int... Ms>
+constexpr std::array<FusedTile, sizeof...(Ms)> fused_row(std::integer_sequence<int, Ms...>) {
+  return {&skinny_tile_q4_1<Ms + 1, NR>...};
+}
+template <int... Ns>
+constexpr std::array<std::array<FusedTile, kFusedRows>, sizeof...(Ns)> fused_table(std::integer_sequence<int, Ns...>) {
+  return {fused_row<Ns + 1>(std::make_integer_sequence<int, kFusedRows>{})...};
+}
+#endif
+
 // skinny_linear over block weights: each group of kTileCols weight rows is dequantised into a
 // per-thread buffer (L1-sized) and multiplied by the fp32 tiles, so every output is the fp32
-// kernel's sum over the same values: the same bits as the dequantised matrix in fp32.
+// kernel's sum over the same values: the same bits as the dequantised matrix in fp32. Q4_1
+// weights and up to kFusedRows rows (AVX-512): dequantised in registers instead, same sums.
 inline void skinny_linear_blocks(const float* x, int64_t M, BlockFormat format, const void* codes, const float* scales,
                                  float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
+#if defined(__AVX512F__)
+  if (format == BlockFormat::kQ4_1 && M <= kFusedRows) {
+    static constexpr auto fused = fused_table(std::make_integer_sequence<int, kTileCols>{});
+    for (int64_t n = n0; n < n1; n += kTileCols)
+      fused[std::min<int64_t>(kTileCols, n1 - n) - 1][M - 1](x, static_cast<const uint8_t*>(codes), scales, y, K, N, n);
+    return;
+  }
+#endif
   static constexpr auto table = tile_table<float>(std::make_integer_sequence<int, kTileCols>{});
   thread_local std::vector<float> buffer;
   buffer.resize(kTileCols * K);
