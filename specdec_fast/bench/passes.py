@@ -34,7 +34,7 @@ from ..models.smollm2 import gguf_path, load_smollm2, smollm2_path
 from ..policies.shipped import default_policy
 from .common import machine, markdown_table, median_time, pyplot, save_figure, write_results
 from .microbench import read_bandwidth
-from .peer import LlamaCppPeer, gguf_file, peer_missing
+from .peer import LlamaCppPeer, gguf_fails, gguf_file, peer_missing
 
 SIZES = (1, 2, 3, 4, 5, 9)  # tokens in a pass: k + 1 for k = 0..4 and 8
 CACHED = (64, 512)
@@ -50,7 +50,11 @@ def _engines(model, eager, threads: int) -> tuple[dict, dict, str | None]:
     missing = peer_missing()
     peers = {} if missing else {f"llama.cpp {t}": LlamaCppPeer(gguf_file(smollm2_path(), t), threads) for t in ("F32", "BF16")}
     if not missing:
-        peers["llama.cpp Q4_1"] = LlamaCppPeer(gguf_path(), threads)
+        broken = gguf_fails(gguf_path(), threads)
+        if broken:
+            missing = f"Q4_1 only: {broken}"
+        else:
+            peers["llama.cpp Q4_1"] = LlamaCppPeer(gguf_path(), threads)
     return ours, peers, missing
 
 

@@ -35,6 +35,18 @@ def peer_missing() -> str | None:
     return None
 
 
+def gguf_fails(gguf: Path, threads: int) -> str | None:
+    """Why llama.cpp cannot run ``gguf`` here, or None: one pass in a child process, since a kernel
+    built for instructions this CPU lacks stops the process (llama.cpp's Q4_1 path on the Xeon VM:
+    SIGILL) rather than raising."""
+    code = ("import sys; from specdec_fast.bench.peer import LlamaCppPeer; "
+            "LlamaCppPeer(__import__('pathlib').Path(sys.argv[1]), int(sys.argv[2])).timed_pass([1, 2, 3])")
+    done = subprocess.run([sys.executable, "-c", code, str(gguf), str(threads)], capture_output=True, text=True)
+    if done.returncode == 0:
+        return None
+    return f"llama.cpp stopped on {gguf.name} (exit status {done.returncode}{', SIGILL' if done.returncode == -4 else ''})"
+
+
 def converter_source() -> Path:
     """llama.cpp's folder from the source distribution of the installed llama-cpp-python (or
     $SPECDEC_LLAMA_CPP_SRC), downloaded and unpacked once into the cache."""
