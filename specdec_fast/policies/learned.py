@@ -14,8 +14,8 @@ c and T(n) (seconds of a draft step and of a target pass over n tokens) measured
 the running throughput. The first draft position is decided after its draft pass, on that
 position's distribution (``propose_first``; the pass itself is spent). Whether to draft at all
 is decided before the round, on what drafting rounds have been worth: the running mean of
-N - 1 - lambda (t - T(1)) over them (N tokens in t seconds, against a plain round's one token
-in T(1)). Where a fast target pass or a dear draft makes drafting lose, rounds draft nothing,
+N - t / T(1) over them (N tokens in t seconds, against the t / T(1) tokens plain rounds make in
+that time). Where a fast target pass or a dear draft makes drafting lose, rounds draft nothing,
 with a one-token probe now and then so the estimate can recover. For block verification
 s_i is the clipped cumulative ratio min(1, s_{i-1} rho_i), rho = E[min(R, p/q)], and the gain
 of token i + 1 is min(1, s_i rho_{i+1}).
@@ -32,7 +32,7 @@ from .mdp import FEATURES, MDPState, SpeculativePolicy
 
 RATIO_CAP = 4.0  # the ratio head predicts E[min(RATIO_CAP, p/q)] / RATIO_CAP
 PRIOR_TOKENS = 4.0  # the batch rule's prior on alpha (0.5) weighs as much as this many drafted tokens
-PRIOR_DRAFT_VALUE = 0.5  # tokens a drafting round is worth before one was measured: draft, and learn
+PRIOR_DRAFT_VALUE = 0.0  # tokens a drafting round is worth before one was measured: draft, and learn
 
 
 class FeatureMLP(nn.Module):
@@ -115,7 +115,7 @@ class CostAwarePolicy(SpeculativePolicy):
         self.alpha_sum, self.alpha_weight = 0.5 * PRIOR_TOKENS, PRIOR_TOKENS  # see token_acceptance
         self.batch_probed = False
         self.tokens, self.seconds = 1.0, costs.target(1)  # running throughput = tokens / seconds
-        self.draft_value = PRIOR_DRAFT_VALUE  # running E[N - 1 - lambda (t - T(1))] of drafting rounds
+        self.draft_value = PRIOR_DRAFT_VALUE  # running E[N - t / T(1)] of drafting rounds
         self.skipped, self.gap = 0, probe_every  # rounds without drafting; rounds until the next probe
         self.drafting = 0  # batch rounds in a row that drafted
 
@@ -206,7 +206,7 @@ class CostAwarePolicy(SpeculativePolicy):
                 self.alpha_weight = a * self.alpha_weight + rows * drafted
             return
         if draft_s > 0:  # a drafting round, verified or withheld
-            value = accepted - self.throughput() * (draft_s + target_s - self.costs.target(1))
+            value = accepted + 1 - (draft_s + target_s) / self.costs.target(1)
             self.draft_value = a * self.draft_value + (1 - a) * value
         self.tokens = a * self.tokens + (1 - a) * (accepted + 1)
         self.seconds = a * self.seconds + (1 - a) * (draft_s + target_s)

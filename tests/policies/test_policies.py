@@ -246,7 +246,7 @@ def test_cost_aware_policy_drafts_only_when_it_pays():
 
 
 def test_cost_aware_policy_stops_drafting_when_drafting_rounds_lose_and_probes():
-    """Rounds that drafted are weighed against plain rounds: N - 1 - lambda (t - T(1)). Drafting rounds
+    """Rounds that drafted are weighed against plain rounds: N - t / T(1). Drafting rounds
     that lost (nothing accepted, a dearer round) stop the drafting; a one-token probe follows after
     ``probe_every`` plain rounds; rounds that paid keep it going."""
     losing = CostAwarePolicy(predicting(0.99, 0.25, 0.99, 0.25), gate_costs(), probe_every=4)
