@@ -83,7 +83,8 @@ class PolicyNetwork(ValueNetwork):
 class CostAwarePolicy(SpeculativePolicy):
     """The learned stopping rule of the module docstring, with an :class:`AcceptancePredictor`.
 
-    A round of one sequence drafts unless even a sure acceptance would not pay for it; whether
+    A round of one sequence drafts while drafting rounds have paid (see the module docstring) and a
+    sure acceptance would pay for a draft step and the larger pass; whether
     its first draft is verified, and whether drafting continues, is decided token by token.
 
     A batch round (``rows`` given, see policy.py) drafts one length k for every sequence, chosen before
