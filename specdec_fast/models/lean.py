@@ -15,7 +15,7 @@ says why a model cannot take the path (the loops then use transformers').
 
 fp32 weights that are exactly 4- or 8-bit blocks (a model dequantised from a Q4_1 / Q8_0 GGUF
 file, as the default target is) are read from their blocks (kernels/blocks.py): the same fp32
-numbers, the same output bits, a sixth of the bytes. Weights may instead be read as bf16 or int8
+numbers, the same output bits, a fifth of the bytes. Weights may instead be read as bf16 or int8
 (``precision``): the output then follows the distribution of that bf16 / int8 model, exactly,
 not the fp32 model's.
 """
