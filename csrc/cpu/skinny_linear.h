@@ -141,12 +141,23 @@ void skinny_linear(const float* x, int64_t M, const W* w, const float* scale, fl
 enum class BlockFormat { kQ4_1, kQ8_0 };
 constexpr int64_t kBlock = 32;
 
+#if defined(__AVX512F__)
+// A Q4_1 block's 16 values d q + m, q = 0..15, in one register: each code then picks its value
+// (a permute), in place of a conversion, a multiply and an add per 16 weights.
+inline __m512 q4_1_table(float d, float m) {
+  const vfloat q = (vfloat)_mm512_cvtepi32_ps(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+  return (__m512)(splat(d) * q + splat(m));
+}
+// The low nibbles (the block's elements 0..15) or the high ones (16..31) of its 16 code bytes,
+// each looked up in the block's table.
+inline vfloat q4_1_half(__m512i bytes, __m512 table, bool high) {
+  return (vfloat)_mm512_permutexvar_ps(high ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(15)), table);
+}
+inline __m512i q4_1_bytes(const uint8_t* q) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))); }
+#else
 // kWidth 4-bit codes of a Q4_1 block from bytes p (the low nibbles, or the high with shift 4), as fp32.
 inline vfloat load_nibbles(const uint8_t* p, int shift) {
-#if defined(__AVX512F__)
-  const __m512i wide = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return (vfloat)_mm512_cvtepi32_ps(_mm512_and_si512(_mm512_srli_epi32(wide, shift), _mm512_set1_epi32(15)));
-#elif defined(__AVX2__)
+#if defined(__AVX2__)
   const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   return (vfloat)_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(wide, shift), _mm256_set1_epi32(15)));
 #else
@@ -155,6 +166,7 @@ inline vfloat load_nibbles(const uint8_t* p, int shift) {
   return v;
 #endif
 }
+#endif
 
 // Rows [n, n + rows) of block weights, dequantised into out [rows, K] (K a multiple of kBlock).
 inline void dequantize_rows(BlockFormat format, const void* codes, const float* scales, int64_t K, int64_t n, int64_t rows,
@@ -166,15 +178,14 @@ inline void dequantize_rows(BlockFormat format, const void* codes, const float* 
       float* o = out + r * K + b * kBlock;
       if (format == BlockFormat::kQ4_1) {
         const uint8_t* q = static_cast<const uint8_t*>(codes) + block * kBlock / 2;
-        const vfloat d = splat(scales[2 * block]), m = splat(scales[2 * block + 1]);
         __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
 #if defined(__AVX512F__)
-        // The block's 16 values d q + m, q = 0..15, in one register; each code then picks its value.
-        const __m512 table = (__m512)(d * (vfloat)_mm512_cvtepi32_ps(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)) + m);
-        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
-        _mm512_storeu_ps(o, _mm512_permutexvar_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)), table));
-        _mm512_storeu_ps(o + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table));
+        const __m512 table = q4_1_table(scales[2 * block], scales[2 * block + 1]);
+        const __m512i bytes = q4_1_bytes(q);
+        store(o, q4_1_half(bytes, table, false));
+        store(o + 16, q4_1_half(bytes, table, true));
 #else
+        const vfloat d = splat(scales[2 * block]), m = splat(scales[2 * block + 1]);
         for (int64_t e = 0; e < kBlock; e += kWidth) store(o + e, d * load_nibbles(q + e % 16, e < 16 ? 0 : 4) + m);
 #endif
       } else {
@@ -197,7 +208,6 @@ template <int MR, int NR>
 void skinny_tile_q4_1(const float* x, const uint8_t* codes, const float* scales, float* y, int64_t K, int64_t N,
                       int64_t n0) {
   const int64_t blocks = K / kBlock;
-  const vfloat iota = (vfloat)_mm512_cvtepi32_ps(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
   vfloat acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = vfloat{};
@@ -208,14 +218,12 @@ void skinny_tile_q4_1(const float* x, const uint8_t* codes, const float* scales,
       const int64_t block = (n0 + j) * blocks + b;
       const uint8_t* q = codes + block * kBlock / 2;
       __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
-      table[j] = (__m512)(splat(scales[2 * block]) * iota + splat(scales[2 * block + 1]));
-      bytes[j] = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+      table[j] = q4_1_table(scales[2 * block], scales[2 * block + 1]);
+      bytes[j] = q4_1_bytes(q);
     }
     for (int half = 0; half < 2; ++half) {
       vfloat wk[NR];
-      for (int j = 0; j < NR; ++j)
-        wk[j] = (vfloat)_mm512_permutexvar_ps(half ? _mm512_srli_epi32(bytes[j], 4) : _mm512_and_si512(bytes[j], _mm512_set1_epi32(15)),
-                                              table[j]);
+      for (int j = 0; j < NR; ++j) wk[j] = q4_1_half(bytes[j], table[j], half == 1);
       for (int i = 0; i < MR; ++i) {
         const vfloat xk = load(x + i * K + b * kBlock + half * kWidth);
         for (int j = 0; j < NR; ++j) acc[i][j] = fma(wk[j], xk, acc[i][j]);
