@@ -223,7 +223,9 @@ std::tuple<at::Tensor, at::Tensor> decoder_pass_cpu(const at::Tensor& x, at::Ten
   const specdec::PassTokens tokens{M, row.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), slot.data_ptr<int64_t>(), c.data_ptr<float>(), s.data_ptr<float>()};
   const specdec::KVCache kv{cache.data_ptr<float>(), L, kv_heads, cache.size(4), hd};
   const at::Tensor lr = logit_rows.contiguous();
-  TORCH_CHECK(R == 0 || (lr.min().item<int64_t>() >= 0 && lr.max().item<int64_t>() < M), "decoder_pass: logit_rows must index the pass's ", M, " tokens");
+  const int64_t* lr_begin = lr.data_ptr<int64_t>();
+  TORCH_CHECK(std::all_of(lr_begin, lr_begin + R, [M](int64_t r) { return 0 <= r && r < M; }),
+              "decoder_pass: logit_rows must index the pass's ", M, " tokens");
   specdec::decoder_pass(h.data_ptr<float>(), layers, norms[2 * L].data_ptr<float>(), head, shape, tokens, kv, buf,
                         hidden.data_ptr<float>(), lr.data_ptr<int64_t>(), R, p + M * (2 * d + (2 * heads + 2 * kv_heads) * hd + 3 * I),
                         logits.data_ptr<float>(), at::get_num_threads());

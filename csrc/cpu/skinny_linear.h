@@ -259,18 +259,12 @@ inline void skinny_linear_blocks(const float* x, int64_t M, BlockFormat format, 
     return;
   }
 #endif
-  static constexpr auto table = tile_table<float>(std::make_integer_sequence<int, kTileCols>{});
   thread_local std::vector<float> buffer;
   buffer.resize(kTileCols * K);
-  const int64_t tiles = (M + kTileRows - 1) / kTileRows;
   for (int64_t n = n0; n < n1; n += kTileCols) {
     const int64_t cols = std::min<int64_t>(kTileCols, n1 - n);
     dequantize_rows(format, codes, scales, K, n, cols, buffer.data());
-    for (int64_t t = 0, m = 0; t < tiles; ++t) {
-      const int64_t rows = (M - m) / (tiles - t);
-      table[cols - 1][rows - 1](x, buffer.data(), nullptr, y + n, K, N, m, 0);
-      m += rows;
-    }
+    skinny_linear(x, M, buffer.data(), static_cast<const float*>(nullptr), y + n, K, N, 0, cols);  // columns n.. of y
   }
 }
 
