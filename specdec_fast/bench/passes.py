@@ -6,7 +6,7 @@ checkpoint (F32, BF16, and the shipped Q4_1 file itself; skipped, saying why, wi
 llama-cpp-python), beside
 the bound that the read bandwidth measured in the same run sets (the larger of two plain reads); then greedy decoding of chat
 prompts by each engine, and by fast_generate with the shipped feature draft and its shipped policy
-(the main job).
+(the main job); and the feature draft's own step, by transformers and on the lean path.
 
 Every repeat runs every cell once, in a shuffled order, so the machine's drift falls on all
 alike; medians are reported.
@@ -25,6 +25,7 @@ import torch
 from ..data.prompts import heldout_prompts
 from ..decoding import fast_generate, generate_autoregressive
 from ..decoding.requests import chat_prompt_ids
+from ..drafts.feature_lm import feature_pair
 from ..drafts.shipped import default_feature_draft
 from ..kernels.linear import skinny_linear
 from ..models.cached_lm import HFCachedLM
@@ -86,6 +87,20 @@ def pass_times(ours: dict, peers: dict, repeats: int) -> dict[tuple[str, int, in
                 lm.crop(c)
             samples[name, c, n].append(seconds)
     return {cell: statistics.median(x[1:]) for cell, x in samples.items()}
+
+
+def draft_steps(model, repeats: int) -> list[dict]:
+    """Median ms of one step of the shipped feature draft (one token whose previous feature is the
+    target's) after each of CACHED tokens, its layers run by transformers and on the lean path."""
+    ids, feature, rows = [(i * 7) % 49152 + 1 for i in range(max(CACHED) + 1)], default_feature_draft(model), []
+    for name, lean in (("transformers", "off"), ("lean path (int8)", "auto")):
+        target, draft = feature_pair(model, feature, lean)
+        for c in CACHED:
+            target.reset(), draft.reset()
+            target.extend(torch.tensor(ids[: c + 1]), 1), draft.extend(torch.tensor(ids[:c]), 1)
+            step = lambda: (draft.extend(torch.tensor(ids[c: c + 1]), 1), draft.crop(c))  # noqa: E731
+            rows.append(dict(draft=f"feature draft, {name}", cached=c, ms=median_time(step, repeats) * 1e3))
+    return rows
 
 
 def read_bandwidth_best(repeats: int = 7) -> dict[str, float]:
@@ -184,7 +199,7 @@ def run(repeats: int, prompts: int, max_new_tokens: int, decode_repeats: int, ou
     data = dict(machine=machine(), settings=dict(repeats=repeats, threads=threads, prompts=prompts,
                                                  max_new_tokens=max_new_tokens, decode_repeats=decode_repeats),
                 read_bandwidth_gbps=bandwidth / 1e9, reads_gbps={k: v / 1e9 for k, v in reads.items()}, weight_bytes=weights, peer_missing=missing, passes=rows,
-                decode=decode(model, eager, tokenizer, peers, prompts, max_new_tokens, decode_repeats))
+                draft_steps=draft_steps(model, 5 * repeats), decode=decode(model, eager, tokenizer, peers, prompts, max_new_tokens, decode_repeats))
     write_results(out, data, table(data))
     plot(data, out.with_suffix(".png"))
     return data
@@ -196,6 +211,9 @@ def table(data: dict) -> str:
          "of the bandwidth bound"],
         [[r["engine"], r["cached"], *[r[f"ms_{n}"] for n in SIZES], r["tokens_per_s"], r["v"][-1], r["of_bound"]]
          for r in data["passes"]])
+    one = {r["cached"]: r["ms_1"] for r in data["passes"] if r["engine"] == "lean fp32"}
+    steps = markdown_table(["draft", "cached", "step ms", "c = step / lean fp32 1-token pass"],
+                           [[r["draft"], r["cached"], r["ms"], r["ms"] / one[r["cached"]]] for r in data["draft_steps"]])
     d = data["decode"]
     decoded = markdown_table(["engine", "greedy tokens/s (median of prompts)"], [[k, v] for k, v in d["tokens_per_s"].items()])
     reads = data["reads_gbps"]
@@ -204,7 +222,7 @@ def table(data: dict) -> str:
             "bandwidth. " + (f"llama.cpp peer skipped: {data['peer_missing']}." if data["peer_missing"] else ""))
     match = (f"\n\nGreedy tokens equal to llama.cpp F32's before the first difference, per prompt: "
              f"{d['same_greedy_prefix_as_llama_cpp_f32']}" if d["same_greedy_prefix_as_llama_cpp_f32"] else "")
-    return f"{note}\n\n{passes}\n\nGreedy decoding, {data['settings']['max_new_tokens']} new tokens, chat prompts:\n\n{decoded}{match}"
+    return f"{note}\n\n{passes}\n\nThe shipped feature draft's step:\n\n{steps}\n\nGreedy decoding, {data['settings']['max_new_tokens']} new tokens, chat prompts:\n\n{decoded}{match}"
 
 
 def plot(data: dict, path: Path) -> None:

@@ -42,9 +42,11 @@ class FeatureDraft(nn.Module):
     def features(self, ids: Tensor, prev: Tensor, attention_mask: Tensor | None = None, **cache_kwargs) -> Tensor:
         """ids [B, L] int64, prev [B, L, d] (the target's feature of each previous position)
         -> predicted features [B, L, d]. ``cache_kwargs`` go to the transformers model (its cache)."""
-        return self.lm.model(inputs_embeds=self._inputs(ids, prev), attention_mask=attention_mask, **cache_kwargs).last_hidden_state
+        return self.lm.model(inputs_embeds=self.inputs(ids, prev), attention_mask=attention_mask, **cache_kwargs).last_hidden_state
 
-    def _inputs(self, ids: Tensor, prev: Tensor) -> Tensor:
+    def inputs(self, ids: Tensor, prev: Tensor) -> Tensor:
+        """The first layer's inputs [B, L, d]: fc of each token's embedding beside the previous
+        position's feature (ids [B, L] int64, prev [B, L, d])."""
         return self.fc(torch.cat([self.lm.model.embed_tokens(ids), prev.to(self.lm.model.embed_tokens.weight.dtype)], -1))
 
     def unrolled_features(self, ids: Tensor, prev: Tensor, steps: int, attention_mask: Tensor | None = None) -> list[Tensor]:
@@ -65,7 +67,7 @@ class FeatureDraft(nn.Module):
         for j in range(steps):
             shifted = prev if j == 0 else torch.cat([torch.zeros_like(prev[:, :1]), out[-1][:, :-1]], 1)
             rows = mask[:, None, j * L : (j + 1) * L, : (j + 1) * L]
-            out.append(self.lm.model(inputs_embeds=self._inputs(ids, shifted), attention_mask=rows, position_ids=positions,
+            out.append(self.lm.model(inputs_embeds=self.inputs(ids, shifted), attention_mask=rows, position_ids=positions,
                                      use_cache=True, **{cache_argument(self.lm.model): cache}).last_hidden_state)
         return out
 

@@ -67,7 +67,10 @@ class RestrictedHead(torch.nn.Module):
         return self.int8(hidden) if self.int8 is not None else linear(hidden, self.weight)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        small = self.restricted(hidden)
+        return self.widen(self.restricted(hidden))
+
+    def widen(self, small: torch.Tensor) -> torch.Tensor:
+        """Logits over the subset [..., N] -> over the vocabulary [..., out_features] (-inf elsewhere)."""
         full = small.new_full((*small.shape[:-1], self.out_features), float("-inf"))
         return full.index_copy_(-1, self.vocab_ids, small)
 

@@ -42,22 +42,27 @@ STATIC_ROPE = (None, "default", "linear", "llama3", "yarn")  # rotary tables tha
 
 def lean_unsupported(model) -> str | None:
     """Why ``model`` cannot take the lean path, or None if it can: a transformers Llama-family
-    causal LM (model_type llama, mistral or qwen2) with fp32 ``nn.Linear`` weights, a SiLU MLP
-    without biases, no sliding window and a rotary table that depends on the position only."""
+    causal LM (model_type llama, mistral or qwen2) with fp32 ``nn.Linear`` weights (the output
+    head: any module with an fp32 [V, d] ``weight`` and no bias, such as a draft's restricted
+    head), a SiLU MLP without biases, no sliding window and a rotary table that depends on the
+    position only."""
     config = getattr(model, "config", None)
     kind = getattr(config, "model_type", None)
     if kind not in MODEL_TYPES or not hasattr(getattr(model, "model", None), "layers"):
         return f"model_type {kind!r} is not one of {', '.join(MODEL_TYPES)}"
     layer = model.model.layers[0]
     linears = [layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-               layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, model.get_output_embeddings()]
+               layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj]
+    head = model.get_output_embeddings()
     rope = (getattr(config, "rope_scaling", None) or getattr(config, "rope_parameters", None) or {}).get("rope_type")
     reasons = {
         "weights are not fp32 nn.Linear weights": any(
             not isinstance(m, nn.Linear) or m.weight.dtype != torch.float32 for m in linears),
+        "the output head has no fp32 weight": not isinstance(getattr(head, "weight", None), Tensor)
+        or head.weight.dtype != torch.float32,
         f"hidden_act {config.hidden_act!r} is not silu": config.hidden_act != "silu",
         "the MLP or the output projection has a bias": any(
-            m.bias is not None for m in linears[3:]),
+            getattr(m, "bias", None) is not None for m in [*linears[3:], head]),
         "a sliding attention window": getattr(config, "use_sliding_window", True) and getattr(config, "sliding_window", None),
         f"rope_type {rope!r} depends on the sequence length": rope not in STATIC_ROPE,
     }
@@ -171,7 +176,6 @@ class LeanPass:
         features[:, : self.features.shape[1]] = self.features
         self.cache, self.features = cache, features
 
-    @torch.inference_mode()
     def __call__(self, tokens: Tensor, rows: Tensor, positions: Tensor, logit_rows: Tensor,
                  slots: Tensor | None = None) -> Tensor:
         """Run ``tokens`` [M] int64 at ``positions`` [M] of sequences ``rows`` [M], in cache slots
@@ -180,10 +184,15 @@ class LeanPass:
 
         A row whose tokens here are a prompt (positions 0..L - 1 in slots 0..L - 1, L >=
         ``PREFILL_TOKENS``, fp32 weights) takes :func:`prefill_pass`, the others :func:`decoder_pass`."""
+        return self.run(self.w.embed[tokens], rows, positions, logit_rows, slots)
+
+    @torch.inference_mode()
+    def run(self, x: Tensor, rows: Tensor, positions: Tensor, logit_rows: Tensor, slots: Tensor | None = None) -> Tensor:
+        """:meth:`__call__` from the tokens' input vectors ``x`` [M, d] fp32 instead of their ids
+        (a feature draft's inputs are not embeddings of tokens)."""
         slots = positions if slots is None else slots
         self.reserve(int(slots.max()) + 1)
         w = self.w
-        x = w.embed[tokens]
         cos, sin = self.rotary(x, positions[None])
         cos, sin = cos[0].float(), sin[0].float()
         prompts = self._prompts(rows, positions, slots)

@@ -10,7 +10,7 @@ import torch
 from specdec_fast import HFCachedLM, fast_generate
 from specdec_fast.drafts.binding import batched_pair
 from specdec_fast.drafts.feature import deepened, load_feature_draft, save_feature_draft
-from specdec_fast.drafts.feature_lm import feature_pair
+from specdec_fast.drafts.feature_lm import DRAFT_PRECISION, FeatureDraftLM, LeanFeatureDraftLM, feature_pair
 from specdec_fast.models.batched_lm import right_aligned
 from specdec_fast.models.cached_lm import cache_argument
 from specdec_fast.models.fast_passes import use_int8_weights
@@ -59,6 +59,24 @@ def test_feature_draft_greedy_equals_target_greedy(k, int8, alternatives):
     assert out.stats.draft_calls > 0
 
 
+def test_feature_pair_runs_the_draft_on_the_lean_path_beside_a_lean_target():
+    """feature_pair's draft: on the lean path (int8 weights) beside a lean target, by transformers
+    beside transformers' target or when its weights cannot take the path (int8 modules); the lean
+    draft's logits stay within int8 error of transformers' fp32 draft on the same features."""
+    target = tiny_llama(7, vocab=16, layers=3)
+    draft = feature_draft(target)
+    t, d = feature_pair(target, draft)
+    assert type(d) is LeanFeatureDraftLM and d.lean.w.weights[0].dtype == torch.int8 and DRAFT_PRECISION == "int8"
+    assert type(feature_pair(target, draft, lean="off")[1]) is FeatureDraftLM
+    t.extend(torch.tensor(PROMPT), 1)
+    lean = d.extend(torch.tensor(PROMPT), len(PROMPT))
+    prev = torch.cat([torch.zeros(1, t.features.shape[1]), t.features[:-1]])
+    with torch.no_grad():
+        fp32 = draft.lm.lm_head(draft.features(torch.tensor([PROMPT]), prev[None]))[0]
+    assert 0 < (lean - fp32).abs().max() < 0.05 * fp32.abs().max()
+    assert type(feature_pair(target, use_int8_weights(draft))[1]) is FeatureDraftLM
+
+
 def test_int8_feature_draft_stays_close_to_fp32():
     """use_int8_weights on a feature draft (fc, decoder layer, restricted head): the same
     features in, logits within quantization error of the fp32 draft's."""
@@ -73,14 +91,17 @@ def test_int8_feature_draft_stays_close_to_fp32():
     assert 0 < (after - before).abs().max() < 0.05 * before.abs().max()
 
 
+@pytest.mark.parametrize("lean", [False, True])
 @pytest.mark.parametrize("num_layers,alternatives", [(1, 0), (2, 0), (1, 3)])
-def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair, num_layers, alternatives):
+def test_draft_cache_after_rollback_equals_from_scratch(tiny_pair, num_layers, alternatives, lean):
     """After a generation with rejections (and with alternatives, rounds that kept one), the
     target's features are those of the committed tokens and the draft's next-token logits equal
-    the draft run from scratch on the committed tokens with the target's features of all of them."""
+    the draft run from scratch on the committed tokens with the target's features of all of them,
+    whether transformers or the lean path (at fp32, to compare) runs the draft's layers."""
     target, _ = tiny_pair
     draft = feature_draft(target, num_layers=num_layers)
-    t, d = feature_pair(target, draft)
+    t, _ = feature_pair(target, draft)
+    d = LeanFeatureDraftLM(draft, t, "fp32-dense") if lean else FeatureDraftLM(draft, t)
     out = fast_generate(t, d, PROMPT, max_new_tokens=24, temperature=1.0, num_draft_tokens=3, num_alternatives=alternatives, seed=0,
                         eos_token_id=())
     assert out.stats.accepted < out.stats.drafted  # there were rejections
