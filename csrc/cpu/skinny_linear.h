@@ -198,7 +198,10 @@ inline void dequantize_rows(BlockFormat format, const void* codes, const float* 
 }
 
 #if defined(__AVX512F__)
-constexpr int kFusedRows = 6;  // up to this many input rows (one tile), Q4_1 weights are dequantised in registers
+constexpr int kFusedRows = 9;  // up to this many input rows (one tile), Q4_1 weights are dequantised in registers
+// Weight rows per fused tile of MR input rows: its MR x NR accumulators, NR tables, NR code
+// registers and NR weight vectors within AVX-512's 32 registers.
+constexpr int fused_cols(int64_t rows) { return rows <= 4 ? 4 : rows <= 6 ? 3 : 2; }
 
 // One tile of y (as skinny_tile, MR <= kFusedRows rows by NR weight rows) over Q4_1 weights
 // dequantised in registers, not through a buffer: per block, each weight row's 16-value table
@@ -254,8 +257,9 @@ inline void skinny_linear_blocks(const float* x, int64_t M, BlockFormat format, 
 #if defined(__AVX512F__)
   if (format == BlockFormat::kQ4_1 && M <= kFusedRows) {
     static constexpr auto fused = fused_table(std::make_integer_sequence<int, kTileCols>{});
-    for (int64_t n = n0; n < n1; n += kTileCols)
-      fused[std::min<int64_t>(kTileCols, n1 - n) - 1][M - 1](x, static_cast<const uint8_t*>(codes), scales, y, K, N, n);
+    const int64_t cols = fused_cols(M);
+    for (int64_t n = n0; n < n1; n += cols)
+      fused[std::min<int64_t>(cols, n1 - n) - 1][M - 1](x, static_cast<const uint8_t*>(codes), scales, y, K, N, n);
     return;
   }
 #endif

@@ -5,7 +5,9 @@ lookup (with the ``[peer]`` extra), transformers' ``generate``, its prompt looku
 assisted generation with our token draft, then our autoregressive loop (twice: an A/A
 control), the feature draft with its shipped policy, prompt lookup and the hybrid. Each prompt runs every
 engine once per repeat, in a shuffled order; medians over prompts of tokens/s and of target
-passes per token (ours; transformers does not report its passes).
+passes per token (ours; transformers does not report its passes). Every engine makes exactly
+``max_new_tokens`` tokens (EOS does not stop it): at T = 1 the engines sample different texts, and
+one that ended early would be timed mostly on its prompt pass.
 """
 
 from __future__ import annotations
@@ -48,14 +50,15 @@ def _engines(max_new_tokens: int) -> dict:
         def run(ids, temperature):
             x = torch.tensor([ids])
             sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
-            out = plain.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, **sampling, **extra)
+            out = plain.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                 min_new_tokens=max_new_tokens, **sampling, **extra)
             return out.shape[1] - len(ids), None
         return run
 
     def ours(draft, policy=None):
         """Our engine with ``draft`` (None: autoregressive; a callable: a fresh draft per run)."""
         def run(ids, temperature):
-            settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0)
+            settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0, eos_token_id=())
             fresh = draft() if callable(draft) and not isinstance(draft, torch.nn.Module) else draft
             out = (generate_autoregressive(target, ids, **settings) if draft is None
                    else fast_generate(target, fresh, ids, policy=policy() if policy else None, **settings))
@@ -96,7 +99,7 @@ def _batched_engines(max_new_tokens: int) -> dict:
     def ours(draft, policy):
         def run(group, temperature):
             out = batch_generate(target, draft, input_ids=group, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 seeds=list(range(len(group))), policy=policy())
+                                 seeds=list(range(len(group))), policy=policy(), eos_token_id=())
             return sum(len(o.tokens) for o in out.outputs), sum(o.stats.target_calls for o in out.outputs)
         return run
 
@@ -168,7 +171,8 @@ def table(data: dict) -> str:
     s = data["settings"]
     batched = f"our engines in batch_generate, {s['batch']} prompts per batch; " if s.get("batch", 1) > 1 else ""
     head = (f"Held-out prompts per category: {s['prompt_counts']}; {batched}{s['max_new_tokens']} new tokens; medians over "
-            f"prompts of {s['repeats']} repeat(s). Our engines run the target on the lean fp32 path.\n\n")
+            f"prompts of {s['repeats']} repeat(s), every engine making all the tokens (EOS ignored). Our engines run the target "
+            "on the lean fp32 path.\n\n")
     return head + markdown_table(
         ["category", "T", "engine", "tokens/s", "x our autoregressive", "target passes / token"],
         [[r["category"], r["temperature"], r["engine"], r["tokens_per_s"], r["vs_autoregressive"],

@@ -49,11 +49,12 @@ def test_anything_else_is_left_alone(make):
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("backend", ["cpu", "torch"])
-@pytest.mark.parametrize("size", [1, 5, 9])
+@pytest.mark.parametrize("size", [1, 2, 5, 7, 9, 12])
 def test_the_decoder_pass_over_blocks_gives_the_fp32_bits(qtype, backend, size):
-    """Packed weights and the fp32 matrices they hold, one pass of 1, 5 or 9 tokens (two sequences
+    """Packed weights and the fp32 matrices they hold, one pass of 1 to 12 tokens (two sequences
     from 5 on): the same hidden states, logits and cache, bit for bit (the kernel dequantises Q4_1 in
-    registers up to 6 tokens, else into a buffer for its fp32 tiles; the reference unpacks)."""
+    registers up to 9 tokens, in tiles 4, 3 or 2 weight rows wide, else into a buffer for its fp32
+    tiles; the reference unpacks)."""
     model = as_gguf(tiny_llama(3, vocab=96, layers=2, hidden=64, context=64), qtype)
     packed, dense = LeanWeights.of(model, "fp32"), LeanWeights.of(model, "fp32-dense")
     assert all(w.dtype in (torch.uint8, torch.int8) for w in packed.weights) and not dense.scales
@@ -64,7 +65,7 @@ def test_the_decoder_pass_over_blocks_gives_the_fp32_bits(qtype, backend, size):
     cos, sin = model.model.rotary_emb(x, positions[None])
     out = []
     for w in (packed, dense):
-        cache = torch.zeros(2, 2, 2, w.kv_heads, 8, w.head_dim)
+        cache = torch.zeros(2, 2, 2, w.kv_heads, 16, w.head_dim)
         out.append((*decoder_pass(x, w.norms, w.weights, w.scales, w.qkv_bias, cos[0], sin[0], rows, positions, positions, cache,
                                   torch.tensor([0, size - 1]), w.heads, w.kv_heads, w.eps, backend=backend), cache))
     for a, b in zip(*out):
