@@ -5,7 +5,8 @@ lookup (with the ``[peer]`` extra), transformers' ``generate``, its prompt looku
 assisted generation with our token draft, then our autoregressive loop (twice: an A/A
 control), the feature draft with its shipped policy, prompt lookup and the hybrid. Each prompt runs every
 engine once per repeat, in a shuffled order; medians over prompts of tokens/s and of target
-passes per token (ours; transformers does not report its passes). Every engine makes exactly
+passes per token, the prompt pass's share of the wall time and the tokens/s after it (ours;
+transformers does not report them). Every engine makes exactly
 ``max_new_tokens`` tokens (EOS does not stop it): at T = 1 the engines sample different texts, and
 one that ended early would be timed mostly on its prompt pass.
 """
@@ -38,8 +39,8 @@ OURS = ("autoregressive", "autoregressive (A/A)", "feature draft", "prompt looku
 
 
 def _engines(max_new_tokens: int) -> dict:
-    """(name -> run(ids, temperature) -> (new tokens, target passes or None), the tokenizer), on
-    SmolLM2-135M-Instruct."""
+    """(name -> run(ids, temperature) -> (new tokens, target passes or None, seconds of the prompt pass
+    or None), the tokenizer), on SmolLM2-135M-Instruct."""
     plain, _ = load_smollm2()  # transformers' own modules, for transformers' engines
     target, tokenizer = load_smollm2()
     use_fast_passes(target)
@@ -52,7 +53,7 @@ def _engines(max_new_tokens: int) -> dict:
             sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
             out = plain.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                                  min_new_tokens=max_new_tokens, **sampling, **extra)
-            return out.shape[1] - len(ids), None
+            return out.shape[1] - len(ids), None, None
         return run
 
     def ours(draft, policy=None):
@@ -62,12 +63,12 @@ def _engines(max_new_tokens: int) -> dict:
             fresh = draft() if callable(draft) and not isinstance(draft, torch.nn.Module) else draft
             out = (generate_autoregressive(target, ids, **settings) if draft is None
                    else fast_generate(target, fresh, ids, policy=policy() if policy else None, **settings))
-            return len(out.tokens), out.stats.target_calls
+            return len(out.tokens), out.stats.target_calls, out.stats.prefill_s
         return run
 
     def llama_cpp(peer):
         def run(ids, temperature):
-            return len(peer.generate(ids, max_new_tokens, temperature)), None
+            return len(peer.generate(ids, max_new_tokens, temperature)), None, None
         return run
 
     peers = {}
@@ -90,8 +91,8 @@ def _engines(max_new_tokens: int) -> dict:
 
 
 def _batched_engines(max_new_tokens: int) -> dict:
-    """(name -> run(list of B prompts' ids, temperature) -> (new tokens, target passes), the
-    tokenizer): batch_generate with each of our drafts, and without one."""
+    """(name -> run(list of B prompts' ids, temperature) -> (new tokens, target passes, seconds of the
+    prompt passes), the tokenizer): batch_generate with each of our drafts, and without one."""
     target, tokenizer = load_smollm2()
     use_fast_passes(target)
     feature = default_feature_draft(target)
@@ -100,7 +101,8 @@ def _batched_engines(max_new_tokens: int) -> dict:
         def run(group, temperature):
             out = batch_generate(target, draft, input_ids=group, max_new_tokens=max_new_tokens, temperature=temperature,
                                  seeds=list(range(len(group))), policy=policy(), eos_token_id=())
-            return sum(len(o.tokens) for o in out.outputs), sum(o.stats.target_calls for o in out.outputs)
+            return (sum(len(o.tokens) for o in out.outputs), sum(o.stats.target_calls for o in out.outputs),
+                    out.outputs[0].stats.prefill_s)
         return run
 
     fixed = lambda: FixedDraftLength(LOOKUP_TOKENS)  # noqa: E731
@@ -129,8 +131,10 @@ def run(categories: list[str], prompts: int, temperatures: list[float], max_new_
         order.shuffle(cells)
         for c, i, t, e in cells:
             start = time.perf_counter()
-            tokens, passes = engines[e](chats[c][i] if batch > 1 else chats[c][i][0], t)
-            samples[c, i, t, e].append((tokens / (time.perf_counter() - start), passes / tokens if passes else None))
+            tokens, passes, prompt_s = engines[e](chats[c][i] if batch > 1 else chats[c][i][0], t)
+            seconds = time.perf_counter() - start
+            samples[c, i, t, e].append((tokens / seconds, passes / tokens if passes else None,
+                                        None if prompt_s is None else (prompt_s / seconds, tokens / (seconds - prompt_s))))
     rows = []
     for c in categories:
         for t in temperatures:
@@ -138,11 +142,17 @@ def run(categories: list[str], prompts: int, temperatures: list[float], max_new_
                 rates = [statistics.median(s[0] for s in samples[c, i, t, e]) for i in range(len(chats[c]))]
                 passes = [statistics.median(s[1] for s in samples[c, i, t, e]) for i in range(len(chats[c]))
                           if samples[c, i, t, e][0][1] is not None]
+                prompt = [[statistics.median(s[2][j] for s in samples[c, i, t, e]) for i in range(len(chats[c]))]
+                          for j in (0, 1)] if samples[c, 0, t, e][0][2] is not None else None
                 rows.append(dict(category=c, temperature=t, engine=e, tokens_per_s=statistics.median(rates),
-                                 passes_per_token=statistics.median(passes) if passes else None))
+                                 passes_per_token=statistics.median(passes) if passes else None,
+                                 prompt_share=statistics.median(prompt[0]) if prompt else None,
+                                 after_prompt_tokens_per_s=statistics.median(prompt[1]) if prompt else None))
     for r in rows:
         base = next(x for x in rows if (x["category"], x["temperature"], x["engine"]) == (r["category"], r["temperature"], "autoregressive"))
         r["vs_autoregressive"] = r["tokens_per_s"] / base["tokens_per_s"]
+        r["after_prompt_vs_autoregressive"] = (r["after_prompt_tokens_per_s"] / base["after_prompt_tokens_per_s"]
+                                               if r["after_prompt_tokens_per_s"] else None)
     data = dict(machine=machine(), settings=dict(categories=categories, prompts=prompts, temperatures=temperatures,
                                                  max_new_tokens=max_new_tokens, repeats=repeats, batch=batch,
                                                  prompt_counts={c: len(chats[c]) * batch for c in categories}), rows=rows)
@@ -152,17 +162,19 @@ def run(categories: list[str], prompts: int, temperatures: list[float], max_new_
 
 
 def summary(data: dict) -> list[list]:
-    """Per (category, T): the hybrids against our autoregressive loop, the best single source
+    """Per (category, T): the hybrids against our autoregressive loop (and after the prompt pass), the best single source
     (feature draft or lookup), transformers' and llama.cpp's prompt lookup; the A/A control."""
     rows = []
     rate = {(r["category"], r["temperature"], r["engine"]): r["tokens_per_s"] for r in data["rows"]}
+    after = {(r["category"], r["temperature"], r["engine"]): r.get("after_prompt_vs_autoregressive") for r in data["rows"]}
     for c, t in dict.fromkeys((r["category"], r["temperature"]) for r in data["rows"]):
         best = max(rate[c, t, "feature draft"], rate[c, t, "prompt lookup"])
         peers = [rate.get((c, t, name)) for name in ("transformers prompt lookup", "llama.cpp prompt lookup (F32)")]
         for hybrid in ("hybrid", "hybrid (learned chooser)"):
             if (c, t, hybrid) in rate:
                 h = rate[c, t, hybrid]
-                rows.append([c, t, hybrid, h / rate[c, t, "autoregressive"], h / best, *(h / p if p else "-" for p in peers),
+                rows.append([c, t, hybrid, h / rate[c, t, "autoregressive"], after[c, t, hybrid] or "-", h / best,
+                             *(h / p if p else "-" for p in peers),
                              rate[c, t, "autoregressive (A/A)"] / rate[c, t, "autoregressive"]])
     return rows
 
@@ -174,10 +186,14 @@ def table(data: dict) -> str:
             f"prompts of {s['repeats']} repeat(s), every engine making all the tokens (EOS ignored). Our engines run the target "
             "on the lean fp32 path.\n\n")
     return head + markdown_table(
-        ["category", "T", "engine", "tokens/s", "x our autoregressive", "target passes / token"],
+        ["category", "T", "engine", "tokens/s", "x our autoregressive", "target passes / token", "prompt pass share",
+         "x our autoregressive after the prompt pass"],
         [[r["category"], r["temperature"], r["engine"], r["tokens_per_s"], r["vs_autoregressive"],
-          r["passes_per_token"] if r["passes_per_token"] is not None else "-"] for r in data["rows"]]) + "\n\n" + markdown_table(
-        ["category", "T", "hybrid", "x our autoregressive", "x best single source", "x transformers prompt lookup",
+          *(r[key] if r.get(key) is not None else "-" for key in ("passes_per_token", "prompt_share",
+                                                                 "after_prompt_vs_autoregressive"))]
+         for r in data["rows"]]) + "\n\n" + markdown_table(
+        ["category", "T", "hybrid", "x our autoregressive", "after the prompt pass", "x best single source",
+         "x transformers prompt lookup",
          "x llama.cpp prompt lookup", "A/A"], summary(data))
 
 

@@ -50,6 +50,9 @@ def test_the_benchmark_runs_every_engine(capsys, tmp_path):
     # at most a pass per new token and one more for the prompt (all but its last token, then the last)
     assert all(r["passes_per_token"] is not None and 0 < r["passes_per_token"] <= (8 + 1) / 8 for r in ours)
     assert next(r for r in ours if r["engine"] == "autoregressive")["passes_per_token"] == (8 + 1) / 8
+    assert all(0 < r["prompt_share"] < 1 and r["after_prompt_tokens_per_s"] > r["tokens_per_s"] for r in ours)
+    assert all(r["prompt_share"] is None for r in data["rows"] if r["engine"] not in OURS)
+    assert next(r for r in ours if r["engine"] == "autoregressive")["after_prompt_vs_autoregressive"] == 1
     assert {p.name for p in tmp_path.iterdir()} == {"workload.json", "workload.md", "workload.png"}
 
 
