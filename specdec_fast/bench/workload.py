@@ -3,12 +3,12 @@ grounded, multi-turn; held-out prompts of :mod:`specdec_fast.data.workload`) and
 side by side in one run: llama.cpp on a GGUF of the same weights, plain and with its prompt
 lookup (with the ``[peer]`` extra), transformers' ``generate``, its prompt lookup and its
 assisted generation with our token draft, then our autoregressive loop (twice: an A/A
-control), the feature draft with its shipped policy, prompt lookup and the hybrid. Each prompt runs every
-engine once per repeat, in a shuffled order; medians over prompts of tokens/s and of target
-passes per token, the prompt pass's share of the wall time and the tokens/s after it (ours;
-transformers does not report them). Every engine makes exactly
-``max_new_tokens`` tokens (EOS does not stop it): at T = 1 the engines sample different texts, and
-one that ended early would be timed mostly on its prompt pass.
+control), the feature draft with its shipped policy, prompt lookup and the hybrid. Each prompt
+runs every engine once per repeat, in a shuffled order, after one untimed run of each engine;
+medians over prompts of tokens/s and of target passes per token, the prompt pass's share of the
+wall time and the tokens/s after it (ours; transformers does not report them). Every engine makes
+exactly ``max_new_tokens`` tokens (EOS does not stop it): at T = 1 the engines sample different
+texts, and one that ended early would be timed mostly on its prompt pass.
 """
 
 from __future__ import annotations
@@ -126,6 +126,9 @@ def run(categories: list[str], prompts: int, temperatures: list[float], max_new_
     chats = {c: [ids[i: i + batch] for i in range(0, len(ids) - batch + 1, batch)] for c, ids in prompt_ids.items()}
     cells = [(c, i, t, e) for c in categories for i in range(len(chats[c])) for t in temperatures for e in engines]
     samples = {cell: [] for cell in cells}
+    first = chats[categories[0]][0]
+    for e in engines:  # warm-up, not timed: kernels built and loaded, weights packed, caches made
+        engines[e](first if batch > 1 else first[0], temperatures[0])
     order = random.Random(0)
     for _ in range(repeats):
         order.shuffle(cells)
