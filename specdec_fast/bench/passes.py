@@ -96,9 +96,14 @@ def draft_steps(model, repeats: int) -> list[dict]:
     for name, lean in (("transformers", "off"), ("lean path (int8)", "auto")):
         target, draft = feature_pair(model, feature, lean)
         for c in CACHED:
-            target.reset(), draft.reset()
-            target.extend(torch.tensor(ids[: c + 1]), 1), draft.extend(torch.tensor(ids[:c]), 1)
-            step = lambda: (draft.extend(torch.tensor(ids[c: c + 1]), 1), draft.crop(c))  # noqa: E731
+            target.reset()
+            draft.reset()
+            target.extend(torch.tensor(ids[: c + 1]), 1)
+            draft.extend(torch.tensor(ids[:c]), 1)
+
+            def step(c=c):
+                draft.extend(torch.tensor(ids[c: c + 1]), 1)
+                draft.crop(c)
             rows.append(dict(draft=f"feature draft, {name}", cached=c, ms=median_time(step, repeats) * 1e3))
     return rows
 
