@@ -26,12 +26,12 @@ import weakref
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..kernels.blocks import pack_blocks
 from ..kernels.decoder import PREFILL_TOKENS, decoder_pass, prefill_pass
 from ..kernels.linear import quantize_int8
+from ..kernels.reference.decoder import weight_linear
 from .cached_lm import CachedLM, TransformersLM, as_cached_lm, is_transformers_lm
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -183,7 +183,8 @@ class LeanPass:
         hidden states in ``features`` (at the slots) and returns the logits [R, V] of ``logit_rows`` [R].
 
         A row whose tokens here are a prompt (positions 0..L - 1 in slots 0..L - 1, L >=
-        ``PREFILL_TOKENS``, fp32 weights) takes :func:`prefill_pass`, the others :func:`decoder_pass`."""
+        ``PREFILL_TOKENS``) takes :func:`prefill_pass` (over the fp32 matrices, or the bf16 / int8
+        weights read as the numbers they hold), the others :func:`decoder_pass`."""
         return self.run(self.w.embed[tokens], rows, positions, logit_rows, slots)
 
     @torch.inference_mode()
@@ -206,7 +207,7 @@ class LeanPass:
 
     def _prompts(self, rows: Tensor, positions: Tensor, slots: Tensor) -> list[tuple[int, Tensor]]:
         """(row, its token indices) of each row whose tokens in this pass are a prompt (see __call__)."""
-        if len(rows) < PREFILL_TOKENS or self.w.dense is None or int(positions.min()) != 0:
+        if len(rows) < PREFILL_TOKENS or int(positions.min()) != 0:
             return []
         prompts = []
         for row in rows[positions == 0].tolist():
@@ -221,19 +222,20 @@ class LeanPass:
         """(hidden [M, d], logits [R, V]) of a pass holding prompts: each by prefill_pass, the other
         tokens by decoder_pass (their logits too, so theirs stay the pass-size-free bits)."""
         w = self.w
+        weights, scales = (w.dense, []) if w.dense is not None else (w.weights, w.scales)
         hidden, rest = torch.empty_like(x), torch.ones(len(x), dtype=torch.bool, device=x.device)
         for row, index in prompts:
-            hidden[index] = prefill_pass(x[index], w.norms, w.dense, [], w.qkv_bias, cos[index], sin[index], row,
+            hidden[index] = prefill_pass(x[index], w.norms, weights, scales, w.qkv_bias, cos[index], sin[index], row,
                                          self.cache, w.heads, w.kv_heads, w.eps)
             rest[index] = False
-        logits = torch.empty(len(logit_rows), w.dense[-1].shape[0], device=x.device)
+        logits = torch.empty(len(logit_rows), weights[-1].shape[0], device=x.device)
         kernel_rows = rest[logit_rows]
         if rest.any():
             at = rest.cumsum(0) - 1  # a token's index among the rest
             hidden[rest], logits[kernel_rows] = decoder_pass(
                 x[rest], w.norms, w.weights, w.scales, w.qkv_bias, cos[rest], sin[rest], rows[rest], positions[rest],
                 slots[rest], self.cache, at[logit_rows[kernel_rows]], w.heads, w.kv_heads, w.eps)
-        logits[~kernel_rows] = F.linear(hidden[logit_rows[~kernel_rows]], w.dense[-1])
+        logits[~kernel_rows] = weight_linear(hidden[logit_rows[~kernel_rows]], weights[-1], scales[-1] if scales else None)
         return hidden, logits
 
 

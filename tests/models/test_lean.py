@@ -79,21 +79,23 @@ def test_a_tokens_logits_do_not_depend_on_the_pass_size(model, size):
     assert torch.equal(together, alone)
 
 
-def test_a_long_prompt_takes_the_prefill_pass_and_a_row_its_own_bits(model, monkeypatch):
-    """A prompt of PREFILL_TOKENS or more takes prefill_pass (the same math as decoder_pass: logits
-    and cache within fp32 rounding); in a batch, a row's prompt and the passes after it are the
-    bits it gets alone, beside a short prompt that takes decoder_pass."""
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_a_long_prompt_takes_the_prefill_pass_and_a_row_its_own_bits(model, monkeypatch, precision):
+    """A prompt of PREFILL_TOKENS or more takes prefill_pass (the same math as decoder_pass over the
+    same weights, at every precision: logits and cache within fp32 rounding); in a batch, a row's
+    prompt and the passes after it are the bits it gets alone, beside a short prompt that takes
+    decoder_pass."""
     calls = []
     monkeypatch.setattr(lean_module, "prefill_pass", lambda *args: calls.append(len(args[0])) or prefill_pass(*args))
     long, short = ids(PREFILL_TOKENS + 3, seed=1), ids(9, seed=2)
-    alone = LeanLM(model)
+    alone = LeanLM(model, precision)
     first = alone.extend(long, 2)
     assert calls == [len(long)]
-    kernel = LeanLM(model)  # the same prompt in two passes, neither a prompt pass
+    kernel = LeanLM(model, precision)  # the same prompt in two passes, neither a prompt pass
     kernel.extend(long[:5], 1)
     torch.testing.assert_close(kernel.extend(long[5:], 2), first, rtol=0, atol=1e-4)
     torch.testing.assert_close(kernel.lean.cache[0, ..., : len(long), :], alone.lean.cache[0, ..., : len(long), :], rtol=0, atol=1e-4)
-    batch = BatchedLeanLM(model, 2)
+    batch = BatchedLeanLM(model, 2, precision)
     tokens, fed = right_aligned([long.tolist(), short.tolist()])
     together = batch.extend(tokens, fed, 2)
     assert calls == [len(long), len(long)]
@@ -101,7 +103,7 @@ def test_a_long_prompt_takes_the_prefill_pass_and_a_row_its_own_bits(model, monk
     step = ids(4, seed=5)
     after = batch.extend(torch.stack([step, step]), torch.ones(2, 4, dtype=torch.bool), 4)
     assert torch.equal(after[0], alone.extend(step, 4))
-    short_alone = LeanLM(model)
+    short_alone = LeanLM(model, precision)
     short_alone.extend(short, 1)
     assert torch.equal(after[1], short_alone.extend(step, 4))
 
