@@ -18,6 +18,7 @@ from .backends import resolve
 from .reference.decoder import decoder_layers, decoder_pass_reference
 
 PREFILL_TOKENS = 128  # a prompt this long takes prefill_pass: 1.3x decoder_pass at 150 tokens, 1.8x at 600 (2-core Xeon)
+CONVERTED_PREFILL_TOKENS = 256  # the same over bf16 / int8 weights, converted to fp32 each pass: 1.0x at 200, 1.7x at 600
 
 
 def decoder_pass(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales: list[Tensor], qkv_bias: list[Tensor],

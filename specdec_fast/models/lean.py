@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..kernels.blocks import pack_blocks
-from ..kernels.decoder import PREFILL_TOKENS, decoder_pass, prefill_pass
+from ..kernels.decoder import CONVERTED_PREFILL_TOKENS, PREFILL_TOKENS, decoder_pass, prefill_pass
 from ..kernels.linear import quantize_int8
 from ..kernels.reference.decoder import weight_linear
 from .cached_lm import CachedLM, TransformersLM, as_cached_lm, is_transformers_lm
@@ -183,8 +183,8 @@ class LeanPass:
         hidden states in ``features`` (at the slots) and returns the logits [R, V] of ``logit_rows`` [R].
 
         A row whose tokens here are a prompt (positions 0..L - 1 in slots 0..L - 1, L >=
-        ``PREFILL_TOKENS``) takes :func:`prefill_pass` (over the fp32 matrices, or the bf16 / int8
-        weights read as the numbers they hold), the others :func:`decoder_pass`."""
+        :attr:`prefill_tokens`) takes :func:`prefill_pass` (over the fp32 matrices, or the bf16 /
+        int8 weights read as the numbers they hold), the others :func:`decoder_pass`."""
         return self.run(self.w.embed[tokens], rows, positions, logit_rows, slots)
 
     @torch.inference_mode()
@@ -205,15 +205,21 @@ class LeanPass:
         self.features[rows, slots] = hidden
         return logits
 
+    @property
+    def prefill_tokens(self) -> int:
+        """The shortest prompt that takes :func:`prefill_pass`: longer where the weights are
+        converted to fp32 for it (bf16, int8)."""
+        return PREFILL_TOKENS if self.w.dense is not None else CONVERTED_PREFILL_TOKENS
+
     def _prompts(self, rows: Tensor, positions: Tensor, slots: Tensor) -> list[tuple[int, Tensor]]:
         """(row, its token indices) of each row whose tokens in this pass are a prompt (see __call__)."""
-        if len(rows) < PREFILL_TOKENS or int(positions.min()) != 0:
+        if len(rows) < self.prefill_tokens or int(positions.min()) != 0:
             return []
         prompts = []
         for row in rows[positions == 0].tolist():
             index = (rows == row).nonzero()[:, 0]
             span = torch.arange(len(index), device=rows.device)
-            if len(index) >= PREFILL_TOKENS and torch.equal(positions[index], span) and torch.equal(slots[index], span):
+            if len(index) >= self.prefill_tokens and torch.equal(positions[index], span) and torch.equal(slots[index], span):
                 prompts.append((row, index))
         return prompts
 

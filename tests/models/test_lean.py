@@ -13,7 +13,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import specdec_fast.models.lean as lean_module
-from specdec_fast.kernels.decoder import PREFILL_TOKENS, decoder_pass, prefill_pass
+from specdec_fast.kernels.decoder import CONVERTED_PREFILL_TOKENS, PREFILL_TOKENS, decoder_pass, prefill_pass
 from specdec_fast.models.batched_lm import BatchedLM, right_aligned
 from specdec_fast.models.cached_lm import HFCachedLM
 from specdec_fast.models.lean import BatchedLeanLM, LeanLM, LeanPass, cached_lm, lean_precision, lean_unsupported
@@ -81,14 +81,16 @@ def test_a_tokens_logits_do_not_depend_on_the_pass_size(model, size):
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 def test_a_long_prompt_takes_the_prefill_pass_and_a_row_its_own_bits(model, monkeypatch, precision):
-    """A prompt of PREFILL_TOKENS or more takes prefill_pass (the same math as decoder_pass over the
-    same weights, at every precision: logits and cache within fp32 rounding); in a batch, a row's
+    """A prompt of PREFILL_TOKENS (fp32) or CONVERTED_PREFILL_TOKENS (bf16, int8) or more takes
+    prefill_pass (the same math as decoder_pass over the same weights, at every precision: logits
+    and cache within fp32 rounding); in a batch, a row's
     prompt and the passes after it are the bits it gets alone, beside a short prompt that takes
     decoder_pass."""
     calls = []
     monkeypatch.setattr(lean_module, "prefill_pass", lambda *args: calls.append(len(args[0])) or prefill_pass(*args))
-    long, short = ids(PREFILL_TOKENS + 3, seed=1), ids(9, seed=2)
     alone = LeanLM(model, precision)
+    long, short = ids(alone.lean.prefill_tokens + 3, seed=1), ids(9, seed=2)
+    assert alone.lean.prefill_tokens == (PREFILL_TOKENS if precision == "fp32" else CONVERTED_PREFILL_TOKENS)
     first = alone.extend(long, 2)
     assert calls == [len(long)]
     kernel = LeanLM(model, precision)  # the same prompt in two passes, neither a prompt pass
