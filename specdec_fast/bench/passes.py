@@ -59,9 +59,14 @@ def _engines(model, eager, threads: int) -> tuple[dict, dict, str | None]:
     return ours, peers, missing
 
 
+def filler_ids(n: int) -> list[int]:
+    """``n`` token ids spread over SmolLM2's vocabulary: the text of the timed passes."""
+    return [(i * 7) % 49152 + 1 for i in range(n)]
+
+
 def pass_times(ours: dict, peers: dict, repeats: int) -> dict[tuple[str, int, int], float]:
     """Median seconds per (engine, cached tokens, tokens in the pass)."""
-    ids = [(i * 7) % 49152 + 1 for i in range(max(CACHED))]
+    ids = filler_ids(max(CACHED))
     held = {}
     for c in CACHED:
         for name, make in ours.items():
@@ -92,7 +97,7 @@ def pass_times(ours: dict, peers: dict, repeats: int) -> dict[tuple[str, int, in
 def draft_steps(model, repeats: int) -> list[dict]:
     """Median ms of one step of the shipped feature draft (one token whose previous feature is the
     target's) after each of CACHED tokens, its layers run by transformers and on the lean path."""
-    ids, feature, rows = [(i * 7) % 49152 + 1 for i in range(max(CACHED) + 1)], default_feature_draft(model), []
+    ids, feature, rows = filler_ids(max(CACHED) + 1), default_feature_draft(model), []
     for name, lean in (("transformers", "off"), ("lean path (int8)", "auto")):
         target, draft = feature_pair(model, feature, lean)
         for c in CACHED:
