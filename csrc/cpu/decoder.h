@@ -83,9 +83,9 @@ inline void linear_columns(const float* x, int64_t M, const Linear& L, float* y,
     case Linear::Kind::kInt8Rows:
       return skinny_linear(x, M, static_cast<const int8_t*>(L.weight), L.scale, y, L.in, L.out, n0, n1);
     case Linear::Kind::kQ4_1:
-      return skinny_linear_blocks(x, M, BlockFormat::kQ4_1, L.weight, L.scale, y, L.in, L.out, n0, n1);
+      return skinny_linear_blocks<BlockFormat::kQ4_1>(x, M, L.weight, L.scale, y, L.in, L.out, n0, n1);
     case Linear::Kind::kQ8_0:
-      return skinny_linear_blocks(x, M, BlockFormat::kQ8_0, L.weight, L.scale, y, L.in, L.out, n0, n1);
+      return skinny_linear_blocks<BlockFormat::kQ8_0>(x, M, L.weight, L.scale, y, L.in, L.out, n0, n1);
   }
 }
 
@@ -211,6 +211,29 @@ inline void attention_values(const float* scores, const float* values, int64_t h
   }
 }
 
+// silu(g) = g sigmoid(g), sigmoid(g) = 1 / (1 + e) for g >= 0 and e / (1 + e) below, e = exp(-|g|) <= 1
+// (exp_nonpositive's range), per lane.
+inline vfloat silu(vfloat g) {
+  const vfloat e = exp_nonpositive(g < 0 ? g : -g);
+  return g * ((g < 0 ? e : splat(1.0f)) / (1.0f + e));
+}
+
+constexpr int64_t kElementChunk = 256;  // elements per work item of elementwise steps
+
+// act [M, I] = silu(gate) * up from gate_up [M, 2 I] (gate then up), chunks of each row split
+// across the team (a one-token pass's row alone would keep one thread busy).
+inline void swiglu_for(const float* gate_up, float* act, int64_t M, int64_t I) {
+  const int64_t chunks = (I + kElementChunk - 1) / kElementChunk;
+#pragma omp for schedule(static)
+  for (int64_t c = 0; c < M * chunks; ++c) {
+    const int64_t m = c / chunks, i0 = c % chunks * kElementChunk, i1 = std::min(I, i0 + kElementChunk);
+    const float *gate = gate_up + m * 2 * I, *up = gate + I;
+    int64_t i = i0;
+    for (; i + kWidth <= i1; i += kWidth) store(act + m * I + i, silu(load(gate + i)) * load(up + i));
+    if (i < i1) store_partial(act + m * I + i, silu(load_partial(gate + i, i1 - i, 0.0f)) * load_partial(up + i, i1 - i, 0.0f), i1 - i);
+  }
+}
+
 // Bias, rotary embedding of q and k, and the keys and values written to the cache.
 inline void rope_and_cache_for(float* qkv, const float* bias, const PassTokens& t, const DecoderShape& s,
                                const KVCache& cache, int64_t layer) {
@@ -271,12 +294,7 @@ inline void decoder_pass(float* x, const std::vector<DecoderLayer>& layers, cons
       linear_for(buf.attn, M, L.o, buf.tmp, add_to_x);
       rms_norm_for(x, L.mlp_norm, buf.h, M, d, s.eps);
       linear_for(buf.h, M, L.gate_up, buf.gate_up, [](int64_t, int64_t) {});
-#pragma omp for schedule(static)
-      for (int64_t m = 0; m < M; ++m)
-        for (int64_t i = 0; i < I; ++i) {
-          const float g = buf.gate_up[m * 2 * I + i];
-          buf.act[m * I + i] = g / (1.0f + std::exp(-g)) * buf.gate_up[m * 2 * I + I + i];
-        }
+      swiglu_for(buf.gate_up, buf.act, M, I);
       linear_for(buf.act, M, L.down, buf.tmp, add_to_x);
     }
     rms_norm_for(x, final_norm, hidden, M, d, s.eps);

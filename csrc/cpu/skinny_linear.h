@@ -97,9 +97,26 @@ __attribute__((optimize("fp-contract=off"))) void skinny_tile(const float* x, co
     }
 }
 
-// Tiles of up to kTileRows input rows by kTileCols weight rows: 24 accumulators, the weight and
-// input vectors in the other 8 of AVX-512's 32 registers.
-constexpr int kTileRows = 6, kTileCols = 4;
+// Tile shapes per instruction set. A tile's accumulators, its weight vectors and an input vector
+// must fit the vector registers, or the accumulators spill to the stack on every step along k:
+// AVX-512 has 32 registers, AVX2 16, NEON 32 of 128 bits (16 of these 8-lane vectors), SSE 16 of
+// 128 bits (8). kTileRows x kTileCols: the fp32 / bf16 / int8 tiles (skinny_tile); passes of up to
+// kFusedRows tokens over block weights take one tile of all their rows by fused_cols(rows) weight
+// rows (skinny_tile_blocks), whose accumulator chains hide the FMA latency. Timed on each ISA
+// (docs/kernels.md); the shapes change which registers hold a sum, never the order of its terms.
+#if defined(__AVX512F__)
+constexpr int kVectorRegisters = 32, kTileRows = 6, kTileCols = 4, kFusedRows = 9;
+constexpr int fused_cols(int64_t rows) { return rows <= 4 ? 4 : rows <= 6 ? 3 : 2; }
+#elif defined(__AVX__) || defined(__aarch64__)
+constexpr int kVectorRegisters = 16, kTileRows = 6, kTileCols = 2, kFusedRows = 12;
+constexpr int fused_cols(int64_t rows) { return rows <= 2 ? 2 : 1; }
+#else
+constexpr int kVectorRegisters = 8, kTileRows = 2, kTileCols = 2, kFusedRows = 6;
+constexpr int fused_cols(int64_t) { return 1; }
+#endif
+static_assert(kTileRows * kTileCols + kTileCols + 1 <= kVectorRegisters, "a tile must fit the vector registers");
+static_assert(kFusedRows * fused_cols(kFusedRows) + fused_cols(kFusedRows) + 1 <= kVectorRegisters,
+              "a fused tile must fit the vector registers");
 
 template <typename W>
 using SkinnyTile = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
@@ -141,133 +158,133 @@ void skinny_linear(const float* x, int64_t M, const W* w, const float* scale, fl
 enum class BlockFormat { kQ4_1, kQ8_0 };
 constexpr int64_t kBlock = 32;
 
+// One weight row's block as kBlock / kWidth vectors in k order (block[s] holds elements
+// s kWidth .. s kWidth + kWidth - 1), each the fp32 values fl(d q + m) (Q4_1) or d q (Q8_0) exactly.
+template <BlockFormat F>
+struct BlockRow;
+
 #if defined(__AVX512F__)
 // A Q4_1 block's 16 values d q + m, q = 0..15, in one register: each code then picks its value
 // (a permute), in place of a conversion, a multiply and an add per 16 weights.
-inline __m512 q4_1_table(float d, float m) {
-  const vfloat q = (vfloat)_mm512_cvtepi32_ps(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
-  return (__m512)(splat(d) * q + splat(m));
-}
-// The low nibbles (the block's elements 0..15) or the high ones (16..31) of its 16 code bytes,
-// each looked up in the block's table.
-inline vfloat q4_1_half(__m512i bytes, __m512 table, bool high) {
-  return (vfloat)_mm512_permutexvar_ps(high ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(15)), table);
-}
-inline __m512i q4_1_bytes(const uint8_t* q) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))); }
+template <>
+struct BlockRow<BlockFormat::kQ4_1> {
+  __m512 table;
+  __m512i bytes;  // the block's 16 code bytes, one per lane
+  BlockRow(const void* codes, const float* scales, int64_t block) {
+    const uint8_t* q = static_cast<const uint8_t*>(codes) + block * kBlock / 2;
+    __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
+    const vfloat values = (vfloat)_mm512_cvtepi32_ps(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
+    table = (__m512)(splat(scales[2 * block]) * values + splat(scales[2 * block + 1]));
+    bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+  }
+  // The low nibbles (elements 0..15) or the high ones (16..31), each looked up in the table.
+  vfloat operator[](int s) const {
+    return (vfloat)_mm512_permutexvar_ps(s ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(15)), table);
+  }
+};
 #else
-// kWidth 4-bit codes of a Q4_1 block from bytes p (the low nibbles, or the high with shift 4), as fp32.
-inline vfloat load_nibbles(const uint8_t* p, int shift) {
+// kWidth = 8 lanes: vector s holds the low nibbles (s = 0, 1) or the high ones (s = 2, 3) of code
+// bytes 8 (s % 2) .. 8 (s % 2) + 7, each converted and scaled by one FMA (d q is exact, so fma(d, q, m)
+// is fl(d q + m)): 4 instructions per 8 weights, no table to build per block.
+template <>
+struct BlockRow<BlockFormat::kQ4_1> {
+  const uint8_t* q;
+  vfloat d, m;
+  BlockRow(const void* codes, const float* scales, int64_t block)
+      : q(static_cast<const uint8_t*>(codes) + block * kBlock / 2), d(splat(scales[2 * block])), m(splat(scales[2 * block + 1])) {
+    __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
+  }
+  vfloat operator[](int s) const {
+    const uint8_t* p = q + 8 * (s % 2);
 #if defined(__AVX2__)
-  const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-  return (vfloat)_mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(wide, shift), _mm256_set1_epi32(15)));
+    const __m256i wide = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    const __m256i codes = s < 2 ? _mm256_and_si256(wide, _mm256_set1_epi32(15)) : _mm256_srli_epi32(wide, 4);
+    const vfloat values = (vfloat)_mm256_cvtepi32_ps(codes);
 #else
-  vfloat v;
-  for (int l = 0; l < kWidth; ++l) v[l] = static_cast<float>((p[l] >> shift) & 15);
-  return v;
+    vfloat values;
+    for (int l = 0; l < kWidth; ++l) values[l] = static_cast<float>(s < 2 ? p[l] & 15 : p[l] >> 4);
 #endif
-}
+    return fma(d, values, m);
+  }
+};
 #endif
 
+template <>
+struct BlockRow<BlockFormat::kQ8_0> {
+  const int8_t* q;
+  vfloat d;
+  BlockRow(const void* codes, const float* scales, int64_t block)
+      : q(static_cast<const int8_t*>(codes) + block * kBlock), d(splat(scales[block])) {
+    __builtin_prefetch(q + kPrefetchBytes / 2, 0, 2);
+  }
+  vfloat operator[](int s) const { return d * load_weights(q + s * kWidth); }
+};
+
 // Rows [n, n + rows) of block weights, dequantised into out [rows, K] (K a multiple of kBlock).
-inline void dequantize_rows(BlockFormat format, const void* codes, const float* scales, int64_t K, int64_t n, int64_t rows,
-                            float* out) {
+template <BlockFormat F>
+void dequantize_rows(const void* codes, const float* scales, int64_t K, int64_t n, int64_t rows, float* out) {
   const int64_t blocks = K / kBlock;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t block = (n + r) * blocks + b;
-      float* o = out + r * K + b * kBlock;
-      if (format == BlockFormat::kQ4_1) {
-        const uint8_t* q = static_cast<const uint8_t*>(codes) + block * kBlock / 2;
-        __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
-#if defined(__AVX512F__)
-        const __m512 table = q4_1_table(scales[2 * block], scales[2 * block + 1]);
-        const __m512i bytes = q4_1_bytes(q);
-        store(o, q4_1_half(bytes, table, false));
-        store(o + 16, q4_1_half(bytes, table, true));
-#else
-        const vfloat d = splat(scales[2 * block]), m = splat(scales[2 * block + 1]);
-        for (int64_t e = 0; e < kBlock; e += kWidth) store(o + e, d * load_nibbles(q + e % 16, e < 16 ? 0 : 4) + m);
-#endif
-      } else {
-        const int8_t* q = static_cast<const int8_t*>(codes) + block * kBlock;
-        const vfloat d = splat(scales[block]);
-        __builtin_prefetch(q + kPrefetchBytes / 2, 0, 2);
-        for (int64_t e = 0; e < kBlock; e += kWidth) store(o + e, d * load_weights(q + e));
-      }
+      const BlockRow<F> block(codes, scales, (n + r) * blocks + b);
+      for (int s = 0; s < kBlock / kWidth; ++s) store(out + r * K + b * kBlock + s * kWidth, block[s]);
     }
 }
 
-#if defined(__AVX512F__)
-constexpr int kFusedRows = 9;  // up to this many input rows (one tile), Q4_1 weights are dequantised in registers
-// Weight rows per fused tile of MR input rows: its MR x NR accumulators, NR tables, NR code
-// registers and NR weight vectors within AVX-512's 32 registers.
-constexpr int fused_cols(int64_t rows) { return rows <= 4 ? 4 : rows <= 6 ? 3 : 2; }
-
-// One tile of y (as skinny_tile, MR <= kFusedRows rows by NR weight rows) over Q4_1 weights
-// dequantised in registers, not through a buffer: per block, each weight row's 16-value table
-// (d q + m for q = 0..15) turns its 32 codes into two vectors, the low nibbles (k = 32 b + l) then
-// the high (k = 32 b + 16 + l), which is skinny_tile's order along k: the same sums, the same bits.
-template <int MR, int NR>
-void skinny_tile_q4_1(const float* x, const uint8_t* codes, const float* scales, float* y, int64_t K, int64_t N,
-                      int64_t n0) {
+// One tile of y (as skinny_tile, MR <= kFusedRows rows by NR weight rows) over block weights
+// dequantised in registers, not through a buffer: per block, each weight row's vectors in k order,
+// each applied to the MR input rows, which is skinny_tile's order along k: the same sums, the same
+// bits as the dequantised matrix in fp32. One weight row's block at a time, so that only its state
+// (codes, scales) is live beside the accumulators: the NR x MR accumulator chains are what hides
+// the FMA latency (a one-token pass needs NR of them), and they, not the rows' state, take the
+// registers.
+template <int MR, int NR, BlockFormat F>
+__attribute__((optimize("fp-contract=off"))) void skinny_tile_blocks(const float* x, const void* codes, const float* scales,
+                                                                     float* y, int64_t K, int64_t N, int64_t n0) {
   const int64_t blocks = K / kBlock;
   vfloat acc[MR][NR];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) acc[i][j] = vfloat{};
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m512 table[NR];
-    __m512i bytes[NR];
+  for (int64_t b = 0; b < blocks; ++b)
     for (int j = 0; j < NR; ++j) {
-      const int64_t block = (n0 + j) * blocks + b;
-      const uint8_t* q = codes + block * kBlock / 2;
-      __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
-      table[j] = q4_1_table(scales[2 * block], scales[2 * block + 1]);
-      bytes[j] = q4_1_bytes(q);
-    }
-    for (int half = 0; half < 2; ++half) {
-      vfloat wk[NR];
-      for (int j = 0; j < NR; ++j) wk[j] = q4_1_half(bytes[j], table[j], half == 1);
-      for (int i = 0; i < MR; ++i) {
-        const vfloat xk = load(x + i * K + b * kBlock + half * kWidth);
-        for (int j = 0; j < NR; ++j) acc[i][j] = fma(wk[j], xk, acc[i][j]);
+      const BlockRow<F> row(codes, scales, (n0 + j) * blocks + b);
+      for (int s = 0; s < kBlock / kWidth; ++s) {
+        const vfloat w = row[s];
+        for (int i = 0; i < MR; ++i) acc[i][j] = fma(w, load(x + i * K + b * kBlock + s * kWidth), acc[i][j]);
       }
     }
-  }
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NR; ++j) y[i * N + n0 + j] = reduce_add(acc[i][j]);
 }
 
-using FusedTile = void (*)(const float*, const uint8_t*, const float*, float*, int64_t, int64_t, int64_t);
-template <int NR, int... Ms>
-constexpr std::array<FusedTile, sizeof...(Ms)> fused_row(std::integer_sequence<int, Ms...>) {
-  return {&skinny_tile_q4_1<Ms + 1, NR>...};
+// The fused tiles: [rows - 1] is the tile of fused_cols(rows) weight rows, and the tile of one
+// weight row for the columns left over at the end of a range.
+using FusedTile = void (*)(const float*, const void*, const float*, float*, int64_t, int64_t, int64_t);
+template <BlockFormat F, int... Ms>
+constexpr std::array<std::array<FusedTile, 2>, sizeof...(Ms)> fused_table(std::integer_sequence<int, Ms...>) {
+  return {std::array<FusedTile, 2>{&skinny_tile_blocks<Ms + 1, fused_cols(Ms + 1), F>, &skinny_tile_blocks<Ms + 1, 1, F>}...};
 }
-template <int... Ns>
-constexpr std::array<std::array<FusedTile, kFusedRows>, sizeof...(Ns)> fused_table(std::integer_sequence<int, Ns...>) {
-  return {fused_row<Ns + 1>(std::make_integer_sequence<int, kFusedRows>{})...};
-}
-#endif
 
-// skinny_linear over block weights: each group of kTileCols weight rows is dequantised into a
-// per-thread buffer (L1-sized) and multiplied by the fp32 tiles, so every output is the fp32
-// kernel's sum over the same values: the same bits as the dequantised matrix in fp32. Q4_1
-// weights and up to kFusedRows rows (AVX-512): dequantised in registers instead, same sums.
-inline void skinny_linear_blocks(const float* x, int64_t M, BlockFormat format, const void* codes, const float* scales,
-                                 float* y, int64_t K, int64_t N, int64_t n0, int64_t n1) {
-#if defined(__AVX512F__)
-  if (format == BlockFormat::kQ4_1 && M <= kFusedRows) {
-    static constexpr auto fused = fused_table(std::make_integer_sequence<int, kTileCols>{});
+// skinny_linear over block weights, columns [n0, n1): up to kFusedRows input rows, dequantised in
+// registers (skinny_tile_blocks); more, each group of kTileCols weight rows dequantised into a
+// per-thread buffer (L1-sized) and multiplied by the fp32 tiles. Either way every output is the
+// fp32 kernel's sum over the same values: the same bits as the dequantised matrix in fp32.
+template <BlockFormat F>
+void skinny_linear_blocks(const float* x, int64_t M, const void* codes, const float* scales, float* y, int64_t K, int64_t N,
+                          int64_t n0, int64_t n1) {
+  if (M <= kFusedRows) {
+    static constexpr auto fused = fused_table<F>(std::make_integer_sequence<int, kFusedRows>{});
     const int64_t cols = fused_cols(M);
-    for (int64_t n = n0; n < n1; n += cols)
-      fused[std::min<int64_t>(cols, n1 - n) - 1][M - 1](x, static_cast<const uint8_t*>(codes), scales, y, K, N, n);
+    int64_t n = n0;
+    for (; n + cols <= n1; n += cols) fused[M - 1][0](x, codes, scales, y, K, N, n);
+    for (; n < n1; ++n) fused[M - 1][1](x, codes, scales, y, K, N, n);
     return;
   }
-#endif
   thread_local std::vector<float> buffer;
   buffer.resize(kTileCols * K);
   for (int64_t n = n0; n < n1; n += kTileCols) {
     const int64_t cols = std::min<int64_t>(kTileCols, n1 - n);
-    dequantize_rows(format, codes, scales, K, n, cols, buffer.data());
+    dequantize_rows<F>(codes, scales, K, n, cols, buffer.data());
     skinny_linear(x, M, buffer.data(), static_cast<const float*>(nullptr), y + n, K, N, 0, cols);  // columns n.. of y
   }
 }
