@@ -35,7 +35,8 @@ def aot_extensions() -> tuple[list, dict]:
     import torch
     from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
-    cpu_flags = ["-O3", "-march=native", "-fopenmp"]  # built on the machine that runs it
+    # Built on the machine that runs it, or for SPECDEC_FAST_CPU_ARCH (specdec_fast.kernels.build.cpu_arch).
+    cpu_flags = ["-O3", f"-march={os.environ.get('SPECDEC_FAST_CPU_ARCH', '').strip() or 'native'}", "-fopenmp"]
     extensions = [CppExtension("specdec_fast._cpu", ["csrc/cpu/ops.cpp"], extra_compile_args=cpu_flags,
                                extra_link_args=["-fopenmp"])]
     if torch.version.cuda is not None and CUDA_HOME is not None:

@@ -100,50 +100,56 @@ __attribute__((optimize("fp-contract=off"))) void skinny_tile(const float* x, co
 // Tile shapes per instruction set. A tile's accumulators, its weight vectors and an input vector
 // must fit the vector registers, or the accumulators spill to the stack on every step along k:
 // AVX-512 has 32 registers, AVX2 16, NEON 32 of 128 bits (16 of these 8-lane vectors), SSE 16 of
-// 128 bits (8). kTileRows x kTileCols: the fp32 / bf16 / int8 tiles (skinny_tile); passes of up to
+// 128 bits (8). Passes of up to kTileRows tokens take one tile of all their rows by
+// tile_cols(rows) weight rows (fewer rows, more columns: the accumulator chains that hide the FMA
+// latency); longer ones tiles of up to kTileRows rows by kTileCols (skinny_tile). Passes of up to
 // kFusedRows tokens over block weights take one tile of all their rows by fused_cols(rows) weight
-// rows (skinny_tile_blocks), whose accumulator chains hide the FMA latency. Timed on each ISA
-// (docs/kernels.md); the shapes change which registers hold a sum, never the order of its terms.
+// rows (skinny_tile_blocks). Timed on each ISA (docs/kernels.md); a shape changes which registers
+// hold a sum, never the order of its terms.
 #if defined(__AVX512F__)
 constexpr int kVectorRegisters = 32, kTileRows = 6, kTileCols = 4, kFusedRows = 9;
+constexpr int tile_cols(int64_t) { return 4; }
 constexpr int fused_cols(int64_t rows) { return rows <= 4 ? 4 : rows <= 6 ? 3 : 2; }
 #elif defined(__AVX__) || defined(__aarch64__)
 constexpr int kVectorRegisters = 16, kTileRows = 6, kTileCols = 2, kFusedRows = 12;
+constexpr int tile_cols(int64_t rows) { return rows <= 2 ? 4 : rows == 3 ? 3 : 2; }
 constexpr int fused_cols(int64_t rows) { return rows <= 2 ? 2 : 1; }
 #else
 constexpr int kVectorRegisters = 8, kTileRows = 2, kTileCols = 2, kFusedRows = 6;
+constexpr int tile_cols(int64_t rows) { return rows == 1 ? 3 : 2; }
 constexpr int fused_cols(int64_t) { return 1; }
 #endif
-static_assert(kTileRows * kTileCols + kTileCols + 1 <= kVectorRegisters, "a tile must fit the vector registers");
-static_assert(kFusedRows * fused_cols(kFusedRows) + fused_cols(kFusedRows) + 1 <= kVectorRegisters,
-              "a fused tile must fit the vector registers");
+constexpr bool fits(int rows, int cols) { return rows * cols + cols + 1 <= kVectorRegisters; }
+static_assert(fits(kTileRows, kTileCols) && fits(1, tile_cols(1)) && fits(2, tile_cols(2)) && fits(kTileRows, tile_cols(kTileRows)) &&
+              fits(kFusedRows, fused_cols(kFusedRows)) && fits(1, fused_cols(1)), "a tile must fit the vector registers");
 
+// The tiles of rows-high tiles ([rows - 1]): by tile_cols(rows) weight rows (a pass's one tile), by
+// kTileCols (one of several tiles), and by one weight row (the columns left over at the end).
 template <typename W>
 using SkinnyTile = void (*)(const float*, const W*, const float*, float*, int64_t, int64_t, int64_t, int64_t);
-template <int NR, typename W, int... Ms>
-constexpr std::array<SkinnyTile<W>, sizeof...(Ms)> tile_row(std::integer_sequence<int, Ms...>) {
-  return {&skinny_tile<Ms + 1, NR, W>...};
-}
-template <typename W, int... Ns>
-constexpr std::array<std::array<SkinnyTile<W>, kTileRows>, sizeof...(Ns)> tile_table(std::integer_sequence<int, Ns...>) {
-  return {tile_row<Ns + 1, W>(std::make_integer_sequence<int, kTileRows>{})...};
+template <typename W, int... Ms>
+constexpr std::array<std::array<SkinnyTile<W>, 3>, sizeof...(Ms)> tile_table(std::integer_sequence<int, Ms...>) {
+  return {std::array<SkinnyTile<W>, 3>{&skinny_tile<Ms + 1, tile_cols(Ms + 1), W>, &skinny_tile<Ms + 1, kTileCols, W>,
+                                       &skinny_tile<Ms + 1, 1, W>}...};
 }
 
 // Columns [n0, n1) of y [M, N] = x [M, K] w^T (see skinny_tile) for any M >= 1: the M rows split
-// into tiles of near-equal height (9 rows: 5 + 4), each group of kTileCols weight rows read from
-// memory once and applied to every tile while it is in L1.
+// into tiles of near-equal height (9 rows: 5 + 4), each group of weight rows read from memory once
+// and applied to every tile while it is in L1.
 template <typename W>
 void skinny_linear(const float* x, int64_t M, const W* w, const float* scale, float* y, int64_t K, int64_t N, int64_t n0,
                    int64_t n1) {
-  static constexpr auto table = tile_table<W>(std::make_integer_sequence<int, kTileCols>{});
-  const int64_t tiles = (M + kTileRows - 1) / kTileRows;
-  for (int64_t n = n0; n < n1; n += kTileCols) {
-    const int64_t cols = std::min<int64_t>(kTileCols, n1 - n);
+  static constexpr auto table = tile_table<W>(std::make_integer_sequence<int, kTileRows>{});
+  const int64_t tiles = (M + kTileRows - 1) / kTileRows, shape = tiles == 1 ? 0 : 1;
+  const int64_t group = tiles == 1 ? tile_cols(M) : kTileCols;
+  for (int64_t n = n0; n < n1;) {
+    const int64_t cols = n + group <= n1 ? group : 1, which = cols == group ? shape : 2;
     for (int64_t t = 0, m = 0; t < tiles; ++t) {
       const int64_t rows = (M - m) / (tiles - t);
-      table[cols - 1][rows - 1](x, w, scale, y, K, N, m, n);
+      table[rows - 1][which](x, w, scale, y, K, N, m, n);
       m += rows;
     }
+    n += cols;
   }
 }
 

@@ -13,11 +13,13 @@ from typing import Callable
 import torch
 import transformers
 
+from ..kernels.build import cpu_build
 from ..policies.measure import medians_in_turn
 
 
 def machine() -> dict:
-    """The machine and library versions, recorded with every result."""
+    """The machine, the CPU kernels' build (its -march and vector ISA) and library versions, recorded
+    with every result."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in open("/proc/cpuinfo"):
@@ -27,7 +29,7 @@ def machine() -> dict:
     except OSError:
         pass
     return dict(
-        cpu=cpu, cores=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
+        cpu=cpu, cores=os.cpu_count(), kernels=cpu_build(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
         transformers=transformers.__version__, cuda=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     )
@@ -63,7 +65,10 @@ def write_results(out: Path, data: dict, table: str) -> Path:
     path.write_text(json.dumps(data, indent=1))
     m = data["machine"]
     gpu = f"{m['cuda']} GPU, " if m.get("cuda") else ""
-    header = f"Machine: {gpu}{m['cpu']}, {m['cores']} cores, torch {m['torch']}, transformers {m['transformers']}, {m['date']}.\n\n"
+    build = m["kernels"]
+    header = (f"Machine: {gpu}{m['cpu']}, {m['cores']} cores, {m['torch_threads']} threads, CPU kernels {build['isa']} "
+              f"(-march={build['arch']}; this CPU: {build['native']}), torch {m['torch']}, transformers {m['transformers']}, "
+              f"{m['date']}.\n\n")
     out.with_suffix(".md").write_text(header + table + "\n")
     print(f"results: {path} and {out.with_suffix('.md')}")
     return path

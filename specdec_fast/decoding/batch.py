@@ -17,6 +17,7 @@ from ..drafts.binding import batched_pair
 from ..drafts.lookup import remember
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
+from .calibrate import loop_costs
 from .config import generation_settings
 from .outputs import BatchGenerationOutput, GenerationOutput, GenerationStats
 from .requests import Request, batch_prompt_ids, check_budget, check_policy, decode_text
@@ -44,6 +45,7 @@ def batch_generate(
     policy: DraftPolicy | None = None,
     verifier: str = "token",
     lean: str = "auto",
+    guard: bool = True,
     **generate_kwargs,
 ) -> BatchGenerationOutput:
     """Speculative decoding of a batch of requests; each follows the target's distribution exactly.
@@ -62,7 +64,8 @@ def batch_generate(
             prompt, settings and seed only (with a fixed draft length).
         num_draft_tokens: draft length of every round, unless ``policy`` chooses it; a
             policy is asked with ``rows`` = the sequences still running (see :mod:`specdec_fast.policies.mdp`).
-        verifier, lean: as for :func:`~specdec_fast.decoding.speculative.fast_generate`.
+        verifier, lean, guard: as for :func:`~specdec_fast.decoding.speculative.fast_generate` (the
+            guard weighs a round of the batch against a plain round of as many sequences).
 
     Returns:
         BatchGenerationOutput: per-request outputs (at most ``max_new_tokens`` new tokens each),
@@ -74,14 +77,17 @@ def batch_generate(
                                    max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
                                    top_p=top_p, eos_token_id=eos_token_id, **generate_kwargs)
     sampling, eos = settings.sampling, settings.eos
+    policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
+    check_policy(policy, draft)
+    if draft is not None:
+        draft, guard = loop_costs(target, draft, policy, lean, guard, num_draft_tokens)
     target_lm, draft_lm = batched_pair(target, draft, batch, lean)
     for prompt, budget in zip(ids, settings.max_new_tokens):
         check_budget(prompt, budget, [lm for lm in (target_lm, draft_lm) if lm is not None])
     seeds = list(seeds) if seeds is not None else [torch.seed() for _ in range(batch)]
     if len(seeds) != batch:
         raise ValueError(f"seeds must have one entry per request ({batch}), got {len(seeds)}")
-    policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
-    check_policy(policy, draft)
+    guard = guard if draft is not None else None
 
     load_kernels(target_lm)
     start = time.perf_counter()
@@ -96,6 +102,7 @@ def batch_generate(
         running = [requests[b] for b in active]
         longest = max(r.remaining for r in running) - 1
         k = min(policy.begin_round(longest, len(active)), longest) if draft_lm is not None else 0
+        k = guard.allow(k, len(active)) if guard is not None else k
         done = speculative_round(target_lm, draft_lm, running, k, sampling.rows(active), verifier, eos)
         draft_lengths.append(k)
         still = [b for b, (r, tokens) in enumerate(zip(running, done.committed)) if tokens[-1] not in eos and r.remaining]
@@ -106,6 +113,8 @@ def batch_generate(
                 lm.select(torch.tensor(still, dtype=torch.int64))
         # The policy is charged the whole round: drafting, then everything after it.
         policy.observe(k, sum(done.verified.accepted) / len(active), done.draft_s, done.target_s, len(active))
+        if guard is not None:
+            guard.observe(done.drafts.passes > 0, sum(map(len, done.committed)), done.draft_s + done.target_s, len(active))
         active = [active[b] for b in still]
 
     remember(draft, [r.ids for r in requests])

@@ -232,28 +232,50 @@ def count_seconds(seqs: list[Request], start: float, target_start: float, verify
     return target_start - start, end - target_start
 
 
+def plain_step(target: BatchedCachedLM, seqs: list[Request], drafts: Drafts, uniforms: list[Tensor],
+               sampling: SamplingParams) -> Verified:
+    """The target's pass over each row's last committed token and one token drawn from its logits
+    with the row's first verification uniform, as the autoregressive loop draws it (the verifier
+    with no drafts draws the same token from the same uniform): a round that drafts nothing costs
+    an autoregressive step, no verification call."""
+    feed = chain_feed(seqs, drafts)
+    logits = target.extend(feed, torch.ones_like(feed, dtype=torch.bool), 1)
+    u = torch.stack([row[0] for row in uniforms]).to(logits.device)
+    step = draft_step(logits[:, 0], sampling=sampling, uniforms=u)
+    tokens = step.tokens[:, None]
+    zeros = torch.zeros(len(seqs), dtype=torch.int64, device=tokens.device)
+    # The round's one host sync: the loop needs the emitted tokens to go on.
+    return Verified(logits, None, VerifyOutput(zeros, tokens, zeros + 1), [0] * len(seqs), tokens.tolist())
+
+
 def speculative_round(target: BatchedCachedLM, draft: BatchedCachedLM | None, seqs: list[Request], k: int,
                       sampling: SamplingParams, verifier: str, eos: set[int], policy: DraftPolicy | None = None) -> Round:
     """One round for ``seqs`` (the rows both caches hold, in order), drafting up to k tokens each
     (fewer where the budget ends; ``draft=None`` or k = 0: none). ``policy``: ask it token by token
-    (one sequence). Adds the round's counts and seconds to each sequence's stats."""
+    (one sequence). A round that ends up drafting nothing takes :func:`plain_step`. Adds the round's
+    counts and seconds to each sequence's stats."""
     start = time.perf_counter()
     lens = [min(k, s.remaining - 1) if draft is not None else 0 for s in seqs]
-    lookup = getattr(draft, "lookup_tokens", 0)  # a hybrid's looked-up rows may draft more than k
+    lookup = getattr(draft, "lookup_tokens", 0) if max(lens, default=0) else 0  # a hybrid's looked-up rows may draft more than k
     u_draft, u_verify = round_uniforms(seqs, [max(n, min(lookup, s.remaining - 1)) for n, s in zip(lens, seqs)])
     drafts = draft_chain(draft, seqs, lens, u_draft, sampling, eos, policy)
 
     target_start = time.perf_counter()
-    feed = chain_feed(seqs, drafts)
-    # p_1..p_{k+1}; a row drafting n < k tokens leaves holes past its n + 1, which the lean
-    # target does not compute (the verifier never reads them)
-    fed = torch.arange(feed.shape[1], device=feed.device)[None] <= torch.tensor(drafts.lens, device=feed.device)[:, None]
-    target_logits = target.extend(feed, fed, feed.shape[1])
-
-    verify_start = time.perf_counter()
-    verified = verify_drafts(target_logits, drafts, u_verify, sampling, verifier)
-    for lm in (target, draft) if draft is not None else (target,):
-        roll_back(lm, seqs, verified.accepted)
+    if not max(drafts.lens, default=0):
+        verified = plain_step(target, seqs, drafts, u_verify, sampling)
+        verify_start = time.perf_counter()  # the pass and its sample are the target's time
+        if draft is not None:  # it may have been fed committed tokens only; a hybrid's chooser hears of the round
+            roll_back(draft, seqs, verified.accepted)
+    else:
+        feed = chain_feed(seqs, drafts)
+        # p_1..p_{k+1}; a row drafting n < k tokens leaves holes past its n + 1, which the lean
+        # target does not compute (the verifier never reads them)
+        fed = torch.arange(feed.shape[1], device=feed.device)[None] <= torch.tensor(drafts.lens, device=feed.device)[:, None]
+        target_logits = target.extend(feed, fed, feed.shape[1])
+        verify_start = time.perf_counter()
+        verified = verify_drafts(target_logits, drafts, u_verify, sampling, verifier)
+        for lm in (target, draft) if draft is not None else (target,):
+            roll_back(lm, seqs, verified.accepted)
     emitted = [tokens[: a + 1] for tokens, a in zip(verified.tokens, verified.accepted)]
     committed = commit(seqs, drafts, verified.accepted, emitted, eos)
     return Round(drafts, verified, committed, *count_seconds(seqs, start, target_start, verify_start))

@@ -15,6 +15,7 @@ from ..models.batched_lm import BatchedCachedLM, OneSequence
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
 from .alternatives import alternatives_round, check_alternatives
+from .calibrate import loop_costs
 from .config import generation_settings
 from .outputs import GenerationOutput, GenerationStats
 from .requests import Request, check_budget, check_policy, decode_text, prompt_ids
@@ -45,6 +46,7 @@ def fast_generate(
     streamer=None,
     on_round: Callable | None = None,
     lean: str = "auto",
+    guard: bool = True,
     **generate_kwargs,
 ) -> GenerationOutput:
     """Speculative decoding of one sequence; the output follows the target's distribution exactly.
@@ -81,6 +83,12 @@ def fast_generate(
             precision "fp32" (read from the checkpoint's 4- / 8-bit blocks where the fp32 weights
             are exactly such blocks: the same numbers), "fp32-dense" (always whole fp32 matrices),
             "bf16", "int8" (the output then follows that model's distribution).
+        guard: stop drafting while drafting rounds emit fewer tokens per second than plain rounds
+            (autoregressive steps) would, probing again at a falling rate
+            (:class:`~specdec_fast.policies.guard.SpeculationGuard`). It and the policy start from
+            the costs measured on this machine (:mod:`specdec_fast.decoding.calibrate`: the first
+            generation of a pair measures them, under a second, unless ``warmup()`` did). It
+            changes how many tokens are drafted, never the output's law.
 
     Returns:
         GenerationOutput(tokens, text, stats) with at most ``max_new_tokens`` new tokens.
@@ -90,10 +98,12 @@ def fast_generate(
                                    do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
                                    eos_token_id=eos_token_id, **generate_kwargs)
     sampling, eos, max_new_tokens = settings.sampling, settings.eos, settings.max_new_tokens[0]
-    target_lm, draft_lm = cached_pair(target, draft, "off" if num_alternatives and lean == "auto" else lean)
-    check_alternatives(num_alternatives, verifier, target_lm, draft_lm)
+    lean = "off" if num_alternatives and lean == "auto" else lean
     policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
     check_policy(policy, draft)
+    draft, guard = loop_costs(target, draft, policy, lean, guard, num_draft_tokens)
+    target_lm, draft_lm = cached_pair(target, draft, lean)
+    check_alternatives(num_alternatives, verifier, target_lm, draft_lm)
     check_budget(ids, max_new_tokens, (target_lm, draft_lm))
     generator = torch.Generator().manual_seed(seed if seed is not None else torch.seed())
     load_kernels(target_lm)
@@ -111,12 +121,15 @@ def fast_generate(
 
     while seq.remaining > 0:
         k = min(policy.begin_round(seq.remaining - 1), seq.remaining - 1)
+        k = guard.allow(k) if guard is not None else k
         if num_alternatives:
             r = alternatives_round(one_target, one_draft, seq, k, num_alternatives, sampling, eos, policy)
         else:
             r = speculative_round(one_target, one_draft, [seq], k, sampling, verifier, eos, policy)
         drafts, verified, emitted = r.drafts, r.verified, r.committed[0]
         policy.observe(drafts.lens[0], verified.accepted[0], r.draft_s, r.target_s)
+        if guard is not None:
+            guard.observe(drafts.passes > 0, len(emitted), r.draft_s + r.target_s)
         if on_round is not None:
             on_round(verified.target_logits[0], drafts.dense_probs(verified.target_logits.shape[-1])[0], drafts.tokens[0],
                      verified.out)

@@ -1,15 +1,16 @@
-"""The hybrid draft: prompt lookup where the context offers a long enough match, a draft model
-elsewhere, chosen each round and for each sequence.
+"""The hybrid draft: prompt lookup where the context offers a match worth verifying, a draft
+model elsewhere, chosen each round and for each sequence.
 
-``Hybrid(model, PromptLookup(), min_match=2)`` looks up when the longest earlier-seen suffix of
-the sequence is at least ``min_match`` tokens long and drafts with ``model`` (a transformers
-causal LM or a :class:`~specdec_fast.drafts.feature.FeatureDraft`) otherwise. With a ``chooser``
-(:class:`~specdec_fast.policies.sources.CostAwareSources`, learned) the choice and the lookup's
-length are cost-aware instead. The choice reads the committed context and earlier rounds only,
-never the target's output of the round, so the output law is the target's whatever it chooses
-(tested with the exact joint). :class:`HybridLM` is its cache:
-the lookup sees every token; the model is fed only in the rounds it drafts, catching up on the
-tokens committed since (its cache lags while the lookup drafts).
+By default the loops choose by cost: a lookup of L tokens where its expected accepted tokens
+(the shipped acceptance model of lookups) per second of verifying them, as measured on this
+machine, beat the rate of the sequence's model rounds (``specdec_fast.policies.sources.
+CostAwareSources``, calibrated by the loop). ``Hybrid(model, PromptLookup(), rule=True)`` looks up
+by the fixed rule instead: whenever the longest earlier-seen suffix of the sequence is at least
+``min_match`` tokens long; ``chooser`` takes any other chooser. The choice reads the committed
+context and earlier rounds only, never the target's output of the round, so the output law is the
+target's whatever it chooses (tested with the exact joint). :class:`HybridLM` is its cache: the
+lookup sees every token; the model is fed only in the rounds it drafts, catching up on the tokens
+committed since (its cache lags while the lookup drafts).
 """
 
 from __future__ import annotations
@@ -25,17 +26,22 @@ from .lookup import LookupLM, PromptLookup
 
 @dataclass(frozen=True, eq=False)
 class Hybrid:
-    """Look up when the context offers a suffix match of at least ``min_match`` tokens, else draft
-    with ``model``."""
+    """Look up where it pays by the measured costs (the loops' default chooser), or with ``rule``
+    where the context offers a suffix match of at least ``min_match`` tokens; else draft with ``model``.
+    ``chooser``: one of your own (``choose(matched, offered, temperature) -> (looked_up, lengths)``,
+    ``observe(accepted)``, ``reset(batch)``, ``select(rows)``)."""
 
     model: nn.Module
     lookup: PromptLookup = field(default_factory=PromptLookup)
     min_match: int = 2
-    chooser: object | None = None  # choose(matched, offered, temperature) -> (looked_up, lengths); observe(accepted)
+    chooser: object | None = None
+    rule: bool = False
 
     def __post_init__(self):
         if self.min_match < 1:
             raise ValueError(f"Hybrid.min_match must be positive, got {self.min_match}")
+        if self.rule and self.chooser is not None:
+            raise ValueError("Hybrid takes rule=True or a chooser, not both")
 
 
 class HybridLM:

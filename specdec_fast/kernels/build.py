@@ -4,8 +4,9 @@ per build key (:func:`build_key`), announced on stderr with its expected time. T
 the kernels before they start their clocks (``warmup()`` before the first request).
 
 Environment switches: ``SPECDEC_FAST_NO_JIT=1`` disables builds, ``SPECDEC_FAST_VERBOSE=1`` shows
-them, ``SPECDEC_FAST_CUDA_ARCH`` sets the CUDA architectures (default: the GPU's, or 9.0),
-``CUDA_HOME`` the toolkit.
+them, ``SPECDEC_FAST_CPU_ARCH`` the instruction set of the CPU kernels (a ``-march`` value, default
+``native``: ``x86-64-v3`` builds the AVX2 kernels on an AVX-512 machine), ``SPECDEC_FAST_CUDA_ARCH`` the
+CUDA architectures (default: the GPU's, or 9.0), ``CUDA_HOME`` the toolkit.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import importlib
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -74,13 +76,71 @@ def _build(name: str, sources: list[Path], **kwargs) -> None:
         raise RuntimeError(f"building the {name} kernels failed: {error}") from error
 
 
+# The vector extensions the CPU kernels care about (csrc/cpu/simd.h, skinny_linear.h), as the
+# compiler's macros, in the order isa_name reports them.
+ISA_MACROS = {"__AVX512F__": "AVX-512", "__AVX512VNNI__": "VNNI", "__AVX2__": "AVX2", "__FMA__": "FMA", "__F16C__": "F16C",
+              "__ARM_NEON": "NEON", "__ARM_FEATURE_DOTPROD": "dotprod", "__SSE4_2__": "SSE4.2"}
+
+
+def cpu_arch() -> str:
+    """The ``-march`` of the CPU kernels: ``SPECDEC_FAST_CPU_ARCH``, else ``native`` (built where it runs)."""
+    return os.environ.get("SPECDEC_FAST_CPU_ARCH", "").strip() or "native"
+
+
+@functools.cache
+def compiler_isa(arch: str) -> tuple[str, ...]:
+    """The ISA_MACROS names that the C++ compiler enables for ``-march=arch``, in ISA_MACROS order;
+    a ValueError naming the problem where the compiler rejects ``arch``."""
+    compiler = os.environ.get("CXX", "c++")
+    try:
+        out = subprocess.run([compiler, f"-march={arch}", "-dM", "-E", "-x", "c++", os.devnull], capture_output=True,
+                             text=True, timeout=60)
+    except OSError as error:
+        raise ValueError(f"no C++ compiler to build the CPU kernels ({compiler}: {error})") from error
+    if out.returncode:
+        said = [line for line in out.stderr.splitlines() if "error" in line] or out.stderr.splitlines() or [""]
+        raise ValueError(f"the compiler rejects -march={arch}: {said[0].strip()}")
+    defined = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("#define ")}
+    return tuple(name for macro, name in ISA_MACROS.items() if macro in defined)
+
+
+def isa_name(isa: tuple[str, ...]) -> str:
+    """A build's vector ISA in words: "AVX-512 (VNNI)", "AVX2 + FMA", "NEON", "SSE4.2" or "generic"."""
+    if "AVX-512" in isa:
+        return "AVX-512" + (" (VNNI)" if "VNNI" in isa else "")
+    if "AVX2" in isa:
+        return "AVX2 + FMA" if "FMA" in isa else "AVX2"
+    return next((name for name in ("NEON", "SSE4.2") if name in isa), "generic")
+
+
+def cpu_build() -> dict:
+    """The CPU kernels' build as a benchmark records it: arch (the -march), isa (its vector ISA in
+    words) and native (this CPU's, as -march=native sees it)."""
+    arch = cpu_arch()
+    return dict(arch=arch, isa=isa_name(compiler_isa(arch)), native=isa_name(compiler_isa("native")))
+
+
+def check_cpu_arch(arch: str) -> None:
+    """A ValueError where ``-march=arch`` enables an extension this CPU lacks (its kernels would stop
+    with an illegal instruction) or the compiler rejects it."""
+    missing = set(compiler_isa(arch)) - set(compiler_isa("native"))
+    if missing:
+        raise ValueError(f"SPECDEC_FAST_CPU_ARCH={arch} needs {', '.join(sorted(missing))}, which this CPU lacks")
+
+
 @functools.cache
 def load_cpu() -> None:
-    """Build (first time) and load the CPU C++ kernels; raises RuntimeError with the reason on failure."""
-    # Built where it runs, so -march=native: the vector code (csrc/cpu/simd.h) becomes AVX2,
-    # AVX-512 or NEON as this CPU allows. OpenMP makes at::parallel_for parallel.
-    flags = ["-O3", "-march=native", "-fopenmp"]
-    _build("cpu", [CSRC / "cpu" / "ops.cpp"], extra_cflags=flags, extra_ldflags=["-fopenmp"])
+    """Build (first time) and load the CPU C++ kernels for ``-march=`` :func:`cpu_arch`; raises
+    RuntimeError with the reason on failure (an arch this CPU cannot run included)."""
+    # The vector code (csrc/cpu/simd.h) becomes AVX2, AVX-512 or NEON as the arch allows; the arch is
+    # one of the flags, so each has its own build folder. OpenMP makes at::parallel_for parallel.
+    arch = cpu_arch()
+    if arch != "native":
+        try:
+            check_cpu_arch(arch)
+        except ValueError as error:
+            raise RuntimeError(str(error)) from error
+    _build("cpu", [CSRC / "cpu" / "ops.cpp"], extra_cflags=["-O3", f"-march={arch}", "-fopenmp"], extra_ldflags=["-fopenmp"])
 
 
 def cuda_arch() -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 
-def _interpolate(table: dict[int, float], n: int) -> float:
+def interpolate(table: dict[int, float], n: int) -> float:
     """table[n], linear between the sizes measured and beyond them (from the two outermost), >= 0."""
     if n in table:
         return table[n]
@@ -47,10 +47,10 @@ class _LogCosts:
             for n, prior in self.priors.items():
                 if not lo <= n <= hi:
                     edge = lo if n < lo else hi
-                    table[n] = prior * table[edge] / _interpolate(self.priors, edge)
+                    table[n] = prior * table[edge] / interpolate(self.priors, edge)
         else:
             table = dict(self.priors)
-        return math.exp(self.speed) * _interpolate(table, size)
+        return math.exp(self.speed) * interpolate(table, size)
 
     def learn(self, size: int, seconds: float) -> None:
         log_seconds = math.log(max(seconds, 1e-9))

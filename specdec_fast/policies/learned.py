@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..kernels import DraftStepOutput
+from .calibration import Calibration
 from .costs import CostModel, expected_tokens, geometric_acceptance
 from .mdp import FEATURES, MDPState, SpeculativePolicy
 
@@ -119,6 +120,16 @@ class CostAwarePolicy(SpeculativePolicy):
         self.draft_value = PRIOR_DRAFT_VALUE  # running E[N - t / T(1)] of drafting rounds
         self.skipped, self.gap = 0, probe_every  # rounds without drafting; rounds until the next probe
         self.drafting = 0  # batch rounds in a row that drafted
+        self.calibrated: dict | None = None  # the key of the calibration the costs started from
+
+    def use_calibration(self, calibration: Calibration | None) -> None:
+        """Start from the costs measured where the loop runs (the shipped priors were measured on
+        another machine); once per calibration, so that a policy kept across generations keeps what
+        it has learnt since."""
+        if calibration is None or calibration.key == self.calibrated:
+            return
+        self.calibrated, self.costs = calibration.key, calibration.cost_model()
+        self.tokens, self.seconds = 1.0, self.costs.target(1)
 
     def throughput(self) -> float:
         return self.tokens / self.seconds

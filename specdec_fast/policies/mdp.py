@@ -5,7 +5,8 @@ not to draft at all. It sees draft-side features (:class:`MDPState`) and past ro
 never the current round's target outputs or uniforms, so it chooses how many tokens to
 draft and cannot bias which are accepted: the output stays the target's distribution.
 
-The loop (``fast_generate``) calls, per round: ``begin_round(remaining)`` -> the most
+Before the first round the loop hands the policy its :class:`~specdec_fast.policies.calibration.
+Calibration` (``use_calibration``), then calls, per round: ``begin_round(remaining)`` -> the most
 tokens to draft (0: none); ``propose_first(step, temperature)`` after the round's first draft
 pass -> whether to verify its token at all (False: the round verifies nothing, and costs one
 target pass and the draft pass); ``continue_drafting(position, step, temperature)`` after each
@@ -33,6 +34,7 @@ from typing import Protocol
 import torch
 
 from ..kernels import DraftStepOutput
+from .calibration import Calibration
 
 FEATURES = ("position", "entropy", "top1", "token_prob", "survival", "recent_acceptance", "remaining", "temperature")
 
@@ -69,6 +71,8 @@ class MDPState:
 
 
 class DraftPolicy(Protocol):
+    def use_calibration(self, calibration: Calibration | None) -> None: ...
+
     def begin_round(self, remaining: int, rows: int | None = None) -> int: ...
 
     def propose_first(self, step: DraftStepOutput, temperature: float) -> bool: ...
@@ -90,6 +94,10 @@ class SpeculativePolicy:
         self.recent_acceptance = 0.5  # running acceptance rate of past rounds' first drafted token
         self.survival = 1.0
         self.remaining = 0
+
+    def use_calibration(self, calibration: Calibration | None) -> None:
+        """Costs measured where the loop runs (the loops call this before the first round of every
+        generation); policies that weigh costs start from them. None: not calibrated (a GPU)."""
 
     def begin_round(self, remaining: int, rows: int | None = None) -> int:
         self.survival, self.remaining = 1.0, remaining

@@ -26,6 +26,7 @@ except ImportError:
 
 from ..kernels import DraftStepOutput
 from .baselines import FixedDraftLength
+from .calibration import Calibration
 from .counts import RoundCounts
 from .mdp import DraftPolicy
 
@@ -67,6 +68,9 @@ class AdaptiveMonitoringSystem:
         self.totals = RoundCounts()  # over every round seen
 
     # The DraftPolicy protocol.
+    def use_calibration(self, calibration: Calibration | None) -> None:
+        self.policy.use_calibration(calibration)
+
     def begin_round(self, remaining: int, rows: int | None = None) -> int:
         return min(self.cap, self.policy.begin_round(remaining, rows))
 

@@ -16,8 +16,9 @@ baseline rule (the Hybrid without a chooser) looks up when the match has at leas
   second, T the seconds of a round verifying L + 1 tokens (a CostModel whose priors are the
   measured pass plus the measured per-round overhead, updated from the lookup rounds it times);
   the best L is compared with the running tokens per second of the sequence's model rounds
-  (measured from the rounds themselves; a sequence's first round drafts with the model, so that
-  there is a rate to compare with).
+  (measured from the rounds themselves), or before any, with the calibrated rate of plain rounds
+  (:meth:`CostAwareSources.use_calibration`; uncalibrated, a sequence's first round drafts with the
+  model, so that there is a rate to compare with).
 
 The chooser sees the committed context and earlier rounds only, never the target's output of
 the round it decides, so the output law is the target's whatever it chooses.
@@ -34,6 +35,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from .calibration import Calibration
 from .costs import CostModel
 
 LOOKUP_FEATURES = ("matched", "position", "temperature", "recent_acceptance", "offered")
@@ -80,7 +82,17 @@ class CostAwareSources:
 
     def __init__(self, acceptance: LookupAcceptance, costs: CostModel, smoothing: float = 0.8):
         self.acceptance, self.costs, self.smoothing = acceptance.eval(), costs, smoothing
+        self.plain_rate: float | None = None  # tokens per second of plain rounds, as calibrated
+        self.calibrated: dict | None = None
         self.reset(1)
+
+    def use_calibration(self, calibration: Calibration | None) -> None:
+        """Weigh lookups by the costs measured where the loop runs, against plain rounds until a row's
+        model rounds are timed (once per calibration: what was learnt since is kept)."""
+        if calibration is None or calibration.key == self.calibrated:
+            return
+        self.calibrated, self.costs = calibration.key, calibration.cost_model()
+        self.plain_rate = 1.0 / calibration.plain_round_s
 
     def reset(self, batch: int) -> None:
         """Forget the sequences' histories (a new generation of ``batch`` rows)."""
@@ -109,10 +121,11 @@ class CostAwareSources:
         for b, (m, c, t) in enumerate(zip(matched.tolist(), offered.tolist(), temperature.tolist())):
             if c <= 0 or m <= 0:
                 continue
-            if self.model_rate[b] is None:  # the row's first rounds draft with the model: its rate is measured first
+            baseline = self.model_rate[b] if self.model_rate[b] is not None else self.plain_rate
+            if baseline is None:  # not calibrated: the row's first rounds draft with the model, whose rate is measured first
                 continue
             length, rate = self.lookup_plan(m, c, t, self.recent[b])
-            if rate > self.model_rate[b]:
+            if rate > baseline:
                 looked_up[b], lengths[b] = True, length
         self.pending = (looked_up, lengths, time.perf_counter())
         return looked_up, lengths
