@@ -232,37 +232,49 @@ def count_seconds(seqs: list[Request], start: float, target_start: float, verify
     return target_start - start, end - target_start
 
 
-def plain_step(target: BatchedCachedLM, seqs: list[Request], drafts: Drafts, uniforms: list[Tensor],
-               sampling: SamplingParams) -> Verified:
+def plain_step(target: BatchedCachedLM, seqs: list[Request], uniforms: Tensor, sampling: SamplingParams) -> Verified:
     """The target's pass over each row's last committed token and one token drawn from its logits
-    with the row's first verification uniform, as the autoregressive loop draws it (the verifier
-    with no drafts draws the same token from the same uniform): a round that drafts nothing costs
-    an autoregressive step, no verification call."""
-    feed = chain_feed(seqs, drafts)
-    logits = target.extend(feed, torch.ones_like(feed, dtype=torch.bool), 1)
-    u = torch.stack([row[0] for row in uniforms]).to(logits.device)
-    step = draft_step(logits[:, 0], sampling=sampling, uniforms=u)
+    with ``uniforms`` [B] (each row's first verification uniform), as the autoregressive loop draws
+    it (the verifier with no drafts draws the same token from the same uniform): a round that
+    drafts nothing costs an autoregressive step, no verification call."""
+    feed = torch.tensor([[s.ids[-1]] for s in seqs])
+    logits = target.extend(feed, torch.ones(feed.shape, dtype=torch.bool), 1)
+    step = draft_step(logits[:, 0], sampling=sampling, uniforms=uniforms.to(logits.device))
     tokens = step.tokens[:, None]
     zeros = torch.zeros(len(seqs), dtype=torch.int64, device=tokens.device)
     # The round's one host sync: the loop needs the emitted tokens to go on.
     return Verified(logits, None, VerifyOutput(zeros, tokens, zeros + 1), [0] * len(seqs), tokens.tolist())
 
 
+def plain_round(target: BatchedCachedLM, seqs: list[Request], sampling: SamplingParams, eos: set[int]) -> Round:
+    """A round that drafts nothing (:func:`plain_step`), with each row's uniform drawn as
+    :func:`speculative_round` draws it for no drafts."""
+    start = time.perf_counter()
+    verified = plain_step(target, seqs, torch.cat([draw_uniforms(1, 1, s.generator)[0] for s in seqs]), sampling)
+    verify_start = time.perf_counter()
+    drafts = Drafts(torch.zeros(len(seqs), 0, dtype=torch.int64), None, [0] * len(seqs))
+    committed = commit(seqs, drafts, verified.accepted, verified.tokens, eos)
+    return Round(drafts, verified, committed, *count_seconds(seqs, start, start, verify_start))
+
+
 def speculative_round(target: BatchedCachedLM, draft: BatchedCachedLM | None, seqs: list[Request], k: int,
                       sampling: SamplingParams, verifier: str, eos: set[int], policy: DraftPolicy | None = None) -> Round:
     """One round for ``seqs`` (the rows both caches hold, in order), drafting up to k tokens each
     (fewer where the budget ends; ``draft=None`` or k = 0: none). ``policy``: ask it token by token
-    (one sequence). A round that ends up drafting nothing takes :func:`plain_step`. Adds the round's
-    counts and seconds to each sequence's stats."""
-    start = time.perf_counter()
+    (one sequence). A round that drafts nothing is :func:`plain_round`, one whose drafts all stop
+    before the first token takes :func:`plain_step`. Adds the round's counts and seconds to each
+    sequence's stats."""
     lens = [min(k, s.remaining - 1) if draft is not None else 0 for s in seqs]
-    lookup = getattr(draft, "lookup_tokens", 0) if max(lens, default=0) else 0  # a hybrid's looked-up rows may draft more than k
+    if not max(lens, default=0):
+        return plain_round(target, seqs, sampling, eos)
+    start = time.perf_counter()
+    lookup = getattr(draft, "lookup_tokens", 0)  # a hybrid's looked-up rows may draft more than k
     u_draft, u_verify = round_uniforms(seqs, [max(n, min(lookup, s.remaining - 1)) for n, s in zip(lens, seqs)])
     drafts = draft_chain(draft, seqs, lens, u_draft, sampling, eos, policy)
 
     target_start = time.perf_counter()
     if not max(drafts.lens, default=0):
-        verified = plain_step(target, seqs, drafts, u_verify, sampling)
+        verified = plain_step(target, seqs, torch.stack([u[0] for u in u_verify]), sampling)
         verify_start = time.perf_counter()  # the pass and its sample are the target's time
         if draft is not None:  # it may have been fed committed tokens only; a hybrid's chooser hears of the round
             roll_back(draft, seqs, verified.accepted)

@@ -9,10 +9,15 @@ for a round of B sequences that emitted N tokens in t seconds, P(B) the seconds 
 of B sequences: predicted by the calibration (:mod:`specdec_fast.policies.calibration`) until the
 loop has timed plain rounds of that size itself, then their running mean (the machine's speed
 moves). :class:`SpeculationGuard` keeps the running mean of that value over the drafting rounds;
-once it is negative over at least ``patience`` of them, the loop stops drafting, and probes one
-drafting round after ``probe_every`` plain rounds, then after twice as many each time a probe
-loses (up to ``max_gap``), so that a draft that starts to pay (a passage to copy from) is found
-again at a cost that falls with time. A probe that pays turns drafting back on.
+once it is negative over ``patience`` of them, the loop stops drafting.
+
+While drafting is off, the guard probes: after ``probe_every`` plain rounds it lets one round
+draft a single token (the cheapest drafting round, which measures the draft's acceptance), then
+waits twice as long after each probe that does not bring drafting back (up to ``max_gap``). Drafting
+comes back when the probe paid and, with a calibration, when the rounds the policy asks for would
+pay at the acceptance measured so far: E[N](alpha, k) tokens against the calibrated seconds of
+such a round. A loop's first drafting round is such a probe too, so a draft that cannot pay costs
+one cheap round, not several long ones.
 
 The guard reads past rounds only, never the current round's target output, so it changes how
 many tokens are drafted, not which are accepted: the output law is the target's.
@@ -21,15 +26,17 @@ many tokens are drafted, not which are accepted: the output law is the target's.
 from __future__ import annotations
 
 from .calibration import Calibration
+from .costs import expected_tokens
 
 
 class SpeculationGuard:
     """Holds drafting off while it loses against plain rounds (see the module docstring).
 
-    ``allow(k, rows)`` -> the draft length to use this round (k, or 0 while held off); the loop
-    then reports the round with ``observe(drafted, emitted, seconds, rows)``: drafted, whether it
-    drafted (a draft pass spent, even on a withheld token), emitted the tokens it emitted over its
-    rows, seconds its wall time.
+    ``allow(k, rows)`` -> the draft length to use this round (k, 1 for a probe, or 0 while held
+    off); the loop then reports the round with ``observe(spent, drafted, accepted, emitted,
+    seconds, rows)``: spent, whether it ran the draft (a draft pass spent, even on a withheld
+    token); drafted and accepted, draft tokens over its rows; emitted, the tokens it emitted over
+    its rows; seconds, its wall time.
     """
 
     def __init__(self, calibration: Calibration | None = None, probe_every: int = 16, max_gap: int = 256,
@@ -38,8 +45,9 @@ class SpeculationGuard:
         self.patience, self.smoothing = patience, smoothing
         self.plain_s: dict[int, float] = {}  # rows -> running seconds of a plain round, as measured
         self.value, self.rounds = 0.0, 0  # running value of this drafting period, and its rounds
-        self.drafting, self.probing = True, False
-        self.waited, self.gap = 0, probe_every  # plain rounds since drafting stopped; plain rounds until the next probe
+        self.accepted, self.drafted = 0.0, 0.0  # decaying sums of accepted and drafted tokens
+        self.drafting, self.probing, self.asked = False, False, 0
+        self.waited, self.gap = probe_every, 0  # plain rounds since drafting stopped; plain rounds until the next probe
 
     def plain(self, rows: int) -> float | None:
         """P(rows): measured here, else predicted from the calibration (a pass over ``rows`` tokens
@@ -51,36 +59,52 @@ class SpeculationGuard:
         c = self.calibration
         return c.plain_round_s * c.target(rows) / c.target(1)
 
+    @property
+    def acceptance(self) -> float:
+        """Per-token acceptance of the drafts so far (0.5 before any)."""
+        return self.accepted / self.drafted if self.drafted else 0.5
+
+    def pays(self, k: int, rows: int) -> bool:
+        """Would rounds of up to k drafts per row pay at the acceptance measured so far, by the
+        calibrated costs: E[N](alpha, j) >= (T(rows (j + 1)) + j c + fixed) / P(rows) for some j <= k
+        (True without a calibration: the probe's own value decides)?"""
+        c, plain = self.calibration, self.plain(rows)
+        if c is None or plain is None:
+            return True
+        return any(expected_tokens(self.acceptance, j) * plain >= c.target(rows * (j + 1)) + j * c.draft_step_s + c.round_fixed_s
+                   for j in range(1, k + 1))
+
     def allow(self, k: int, rows: int = 1) -> int:
-        if not k:
+        if not k or self.plain(rows) is None:  # nothing to weigh a drafting round against yet: a plain round is timed
             return 0
-        if self.plain(rows) is None:  # nothing to weigh a drafting round against yet: time a plain round first
-            return 0
+        self.asked = k
         if self.drafting:
             return k
         self.waited += 1
         if self.waited > self.gap:
             self.probing = True
-            return k
+            return 1
         return 0
 
-    def observe(self, drafted: bool, emitted: int, seconds: float, rows: int = 1) -> None:
-        if not drafted:
+    def observe(self, spent: bool, drafted: int, accepted: int, emitted: int, seconds: float, rows: int = 1) -> None:
+        a = self.smoothing
+        if not spent:
             before = self.plain_s.get(rows)
-            self.plain_s[rows] = seconds if before is None else self.smoothing * before + (1 - self.smoothing) * seconds
+            self.plain_s[rows] = seconds if before is None else a * before + (1 - a) * seconds
             return
         plain = self.plain(rows)
         if plain is None:
             return
+        self.accepted, self.drafted = a * self.accepted + accepted, a * self.drafted + drafted
         value = emitted - rows * seconds / plain
-        if self.probing:  # one round, judged alone: a fresh start if it paid, a longer wait if not
+        if self.probing:  # one cheap round, judged alone; drafting resumes if the rounds asked for would pay too
             self.probing, self.waited = False, 0
-            if value >= 0:
-                self.drafting, self.value, self.rounds, self.gap = True, value, 1, self.probe_every
+            if value >= 0 and self.pays(self.asked, rows):
+                self.drafting, self.value, self.rounds, self.gap = True, 0.0, 0, self.probe_every
             else:
-                self.gap = min(2 * self.gap, self.max_gap)
+                self.gap = min(2 * self.gap, self.max_gap) if self.gap else self.probe_every
             return
-        self.value = self.smoothing * self.value + (1 - self.smoothing) * value if self.rounds else value
+        self.value = a * self.value + (1 - a) * value if self.rounds else value
         self.rounds += 1
         if self.rounds >= self.patience and self.value < 0:
             self.drafting, self.waited, self.rounds = False, 0, 0
