@@ -28,6 +28,7 @@ LOOKUP_TOKENS = 8
 
 def check(parser: argparse.ArgumentParser, args) -> None:
     """The user errors that can be told before any model loads (each one line, exit status 2)."""
+    check_pair_flags(parser, args)
     if args.max_new_tokens is not None and args.max_new_tokens <= 0:
         parser.error(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     for flag, value, ok in (("--temperature", args.temperature, lambda v: v >= 0), ("--top-k", args.top_k, lambda v: v >= 0),
@@ -37,6 +38,10 @@ def check(parser: argparse.ArgumentParser, args) -> None:
             parser.error(f"{flag} {value} is out of range")
     if args.alternatives and args.verifier != "token":
         parser.error("--alternatives needs --verifier token (alternatives are verified token by token)")
+
+
+def check_pair_flags(parser: argparse.ArgumentParser, args) -> None:
+    """The user errors of the pair flags (add_pair_arguments), told before any model loads."""
     for flag, path in (("--target", args.target), ("--draft-model", args.draft_model)):
         if path is not None and not Path(path).exists():
             parser.error(f"{flag} {path}: no such file or folder")
@@ -59,7 +64,7 @@ def check(parser: argparse.ArgumentParser, args) -> None:
                      "vocabulary) or --draft early-exit --draft-layers N")
 
 
-def _load_pair(args):
+def load_pair_from_args(args):
     """The target, draft and tokenizer the flags ask for (default: SmolLM2 with its shipped feature
     draft), with fast passes on both models."""
     if args.draft == "hybrid":
@@ -107,7 +112,7 @@ def _policy(args, draft):
 
 
 def run(args) -> int:
-    target, draft, tokenizer = _load_pair(args)
+    target, draft, tokenizer = load_pair_from_args(args)
     warmup(target, draft, num_alternatives=args.alternatives, lean=args.lean)  # kernels, first-call costs: out of the clocks
     ids = chat_prompt_ids(tokenizer, args.prompt, chat=not args.no_chat)
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
@@ -131,22 +136,30 @@ def run(args) -> int:
     return 0
 
 
+def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that choose the target, the draft and the target's path (generate, calibrate)."""
+    parser.add_argument("--target", help="a transformers checkpoint folder of your own (default: SmolLM2-135M-Instruct); "
+                        "it needs --draft-model or --draft early-exit")
+    parser.add_argument("--draft", choices=[*DRAFT_KINDS, "hybrid", "early-exit", "lookup"],
+                        help="feature / token: the drafts shipped for SmolLM2 (default: feature); hybrid: prompt lookup "
+                             "where it pays by the measured costs, else the shipped feature draft; early-exit: "
+                             "the target's first --draft-layers layers; lookup: copy from the context (prompt lookup, "
+                             f"up to {LOOKUP_TOKENS} tokens a round unless -k); the last two for any target")
+    parser.add_argument("--draft-model", help="a draft of your own: a transformers checkpoint folder with the target's "
+                        "vocabulary, or a .safetensors file written by train-draft (SmolLM2)")
+    parser.add_argument("--draft-layers", type=int, default=0, help="layers of the early-exit draft")
+    parser.add_argument("--corpus", nargs="+", metavar="FILE",
+                        help="text files a lookup draft (--draft lookup / hybrid) may copy from, beside the context")
+    parser.add_argument("--lean", choices=LEAN_CHOICES, default="auto",
+                        help="the target's pass: the lean path where the model allows (auto), transformers' (off), or the "
+                             "lean path with fp32 / bf16 / int8 weights (bf16, int8: the output follows that model)")
+
+
 def add_parser(commands, common: argparse.ArgumentParser) -> None:
     gen = commands.add_parser("generate", parents=[common], help="generate text with speculative decoding and print statistics",
                               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     gen.add_argument("--prompt", required=True, help="the user's message (wrapped in the chat template unless --no-chat)")
-    gen.add_argument("--target", help="a transformers checkpoint folder of your own (default: SmolLM2-135M-Instruct); "
-                     "it needs --draft-model or --draft early-exit")
-    gen.add_argument("--draft", choices=[*DRAFT_KINDS, "hybrid", "early-exit", "lookup"],
-                     help="feature / token: the drafts shipped for SmolLM2 (default: feature); hybrid: prompt lookup "
-                          "where the context offers a match of 2+ tokens, else the shipped feature draft; early-exit: "
-                          "the target's first --draft-layers layers; lookup: copy from the context (prompt lookup, "
-                          f"up to {LOOKUP_TOKENS} tokens a round unless -k); the last two for any target")
-    gen.add_argument("--draft-model", help="a draft of your own: a transformers checkpoint folder with the target's "
-                     "vocabulary, or a .safetensors file written by train-draft (SmolLM2)")
-    gen.add_argument("--draft-layers", type=int, default=0, help="layers of the early-exit draft")
-    gen.add_argument("--corpus", nargs="+", metavar="FILE",
-                     help="text files a lookup draft (--draft lookup / hybrid) may copy from, beside the context")
+    add_pair_arguments(gen)
     gen.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per generation")
     gen.add_argument("--temperature", type=float, default=None,
                      help="0 = greedy; unset: the target's generation config (greedy for SmolLM2)")
@@ -158,9 +171,6 @@ def add_parser(commands, common: argparse.ArgumentParser) -> None:
     gen.add_argument("--alternatives", type=int, default=0,
                      help="more candidates for each round's first drafted token, verified in the same target pass")
     gen.add_argument("--seed", type=int, default=0, help="seed of all randomness")
-    gen.add_argument("--lean", choices=LEAN_CHOICES, default="auto",
-                     help="the target's pass: the lean path where the model allows (auto), transformers' (off), or the "
-                          "lean path with fp32 / bf16 / int8 weights (bf16, int8: the output follows that model)")
     gen.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
     gen.add_argument("--baseline", action="store_true", help="also run the target alone and print the speedup")
     gen.add_argument("--json", action="store_true", help="print the text and statistics as JSON")

@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from . import bench, generate, train
+from . import bench, calibrate, generate, train
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -29,6 +29,7 @@ def build_parser() -> OneLineParser:
     common.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's choice)")
     commands = parser.add_subparsers(dest="command", required=True)
     generate.add_parser(commands, common)
+    calibrate.add_parser(commands, common)
     bench.add_parsers(commands, common)
     train.add_parsers(commands, common)
     for sub in commands.choices.values():

@@ -25,7 +25,7 @@ from ..drafts.lookup import PromptLookup
 from ..kernels import SamplingParams
 from ..kernels.build import cpu_build
 from ..models.batched_lm import BatchedCachedLM, OneSequence
-from ..models.lean import lean_precision
+from ..models.lean import LeanLM, lean_precision
 from ..policies.calibration import Calibration, calibration_key, load_calibration, model_identity, save_calibration
 from ..policies.costs import interpolate
 from ..policies.guard import SpeculationGuard
@@ -118,8 +118,10 @@ def calibrate(target, draft=None, lean: str = "auto", max_draft_tokens: int = 8,
         round_fixed_s = max(0.0, statistics.median(r.target_s - interpolate(short, max(r.drafts.lens) + 1) for r in drafted))
     key = key_for(target, draft, lean)
     gflops, gbps = machine_rates(torch.get_num_threads())
-    return Calibration(key, pass_s, plain_s, draft_step_s, round_fixed_s, gflops, gbps, time.perf_counter() - start,
-                       dict(max_draft_tokens=k))
+    extra = dict(max_draft_tokens=k)
+    if isinstance(target_lm, LeanLM):  # what its pass reads and computes, for the pass's efficiency
+        extra["pass_weights"], extra["pass_bytes"] = target_lm.lean.w.sizes()
+    return Calibration(key, pass_s, plain_s, draft_step_s, round_fixed_s, gflops, gbps, time.perf_counter() - start, extra)
 
 
 def calibration_for(target, draft=None, lean: str = "auto", max_draft_tokens: int = 8) -> Calibration | None:

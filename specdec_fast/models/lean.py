@@ -118,6 +118,12 @@ class LeanWeights:
             made[precision] = cls._build(model, precision)
         return made[precision]
 
+    def sizes(self) -> tuple[int, int]:
+        """(weights, bytes) of the matrices a pass reads (the layers' and the head; a Q4_1 byte holds
+        two weights): a pass over n tokens does 2 n weights FLOPs and reads the bytes once."""
+        weights = sum(w.numel() * (2 if w.dtype == torch.uint8 else 1) for w in self.weights)
+        return weights, sum(t.numel() * t.element_size() for t in [*self.weights, *self.scales])
+
     @classmethod
     def _build(cls, model: nn.Module, precision: str) -> "LeanWeights":
         config, layers = model.config, model.model.layers
