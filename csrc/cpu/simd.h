@@ -8,6 +8,8 @@
 #include <cstring>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+#elif defined(__aarch64__)
+#include <arm_neon.h>
 #endif
 
 namespace specdec {
@@ -35,7 +37,11 @@ inline float to_float(BFloat16 x) {
   return f;
 }
 inline float to_float(Half x) {
+#if defined(__aarch64__)
+  __fp16 h;  // GCC 12 knows _Float16 in C++ on x86 only
+#else
   _Float16 h;
+#endif
   std::memcpy(&h, &x.bits, sizeof h);
   return static_cast<float>(h);
 }
@@ -53,6 +59,13 @@ inline vfloat fma(vfloat a, vfloat b, vfloat c) {
   return (vfloat)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
 #elif defined(__FMA__)
   return (vfloat)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#elif defined(__aarch64__)
+  float32x4_t x[2], y[2], z[2];  // the 8 lanes as two NEON registers
+  std::memcpy(x, &a, sizeof x), std::memcpy(y, &b, sizeof y), std::memcpy(z, &c, sizeof z);
+  z[0] = vfmaq_f32(z[0], x[0], y[0]), z[1] = vfmaq_f32(z[1], x[1], y[1]);
+  vfloat r;
+  std::memcpy(&r, z, sizeof r);
+  return r;
 #else
   return a * b + c;
 #endif
