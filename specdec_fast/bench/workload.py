@@ -3,7 +3,10 @@ grounded, multi-turn; held-out prompts of :mod:`specdec_fast.data.workload`) and
 side by side in one run: llama.cpp on a GGUF of the same weights, plain and with its prompt
 lookup (with the ``[peer]`` extra), transformers' ``generate``, its prompt lookup and its
 assisted generation with our token draft, then our autoregressive loop (twice: an A/A
-control), the feature draft with its shipped policy, prompt lookup and the hybrid. Each prompt
+control), the feature draft with its shipped policy, prompt lookup and the hybrid (its default
+choice by cost, and the fixed rule), all with the default guard, on the target's path at ``lean``
+(the default reads the checkpoint's blocks: a compute-bound pass on a CPU; ``fp32-dense`` reads
+whole fp32 matrices, as a user's dense checkpoint is read: a memory-bound pass). Each prompt
 runs every engine once per repeat, in a shuffled order, after one untimed run of each engine;
 medians over prompts of tokens/s and of target passes per token, the prompt pass's share of the
 wall time and the tokens/s after it (ours; transformers does not report them). Every engine makes
@@ -29,24 +32,23 @@ from ..drafts.shipped import default_draft, default_feature_draft
 from ..models.fast_passes import use_fast_passes
 from ..models.smollm2 import load_smollm2, smollm2_path
 from ..policies.baselines import FixedDraftLength
-from ..policies.shipped import default_policy, default_sources
+from ..policies.shipped import default_policy
 from .common import machine, markdown_table, pyplot, save_figure, write_results
 from .peer import LlamaCppPeer, gguf_file, peer_missing
 
 LOOKUP_TOKENS = 8
 CONTEXT = 4096  # llama.cpp's context: the longest workload prompt and its answer
-OURS = ("autoregressive", "autoregressive (A/A)", "feature draft", "prompt lookup", "hybrid", "hybrid (learned chooser)")
+OURS = ("autoregressive", "autoregressive (A/A)", "feature draft", "prompt lookup", "hybrid", "hybrid (rule)")
+HYBRIDS = ("hybrid", "hybrid (rule)")
 
 
-def _engines(max_new_tokens: int) -> dict:
+def _engines(max_new_tokens: int, lean: str) -> dict:
     """(name -> run(ids, temperature) -> (new tokens, target passes or None, seconds of the prompt pass
-    or None), the tokenizer), on SmolLM2-135M-Instruct."""
+    or None), the tokenizer), on SmolLM2-135M-Instruct, ours on the target's path at ``lean``."""
     plain, _ = load_smollm2()  # transformers' own modules, for transformers' engines
     target, tokenizer = load_smollm2()
     use_fast_passes(target)
     token, feature = default_draft(plain), default_feature_draft(target)
-    hybrid = Hybrid(feature, PromptLookup(max_tokens=LOOKUP_TOKENS))
-
     def hf(**extra):
         def run(ids, temperature):
             x = torch.tensor([ids])
@@ -59,7 +61,7 @@ def _engines(max_new_tokens: int) -> dict:
     def ours(draft, policy=None):
         """Our engine with ``draft`` (None: autoregressive; a callable: a fresh draft per run)."""
         def run(ids, temperature):
-            settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0, eos_token_id=())
+            settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, seed=0, eos_token_id=(), lean=lean)
             fresh = draft() if callable(draft) and not isinstance(draft, torch.nn.Module) else draft
             out = (generate_autoregressive(target, ids, **settings) if draft is None
                    else fast_generate(target, fresh, ids, policy=policy() if policy else None, **settings))
@@ -84,15 +86,15 @@ def _engines(max_new_tokens: int) -> dict:
         "autoregressive (A/A)": ours(None),
         "feature draft": ours(feature, lambda: default_policy(draft=feature)),
         "prompt lookup": ours(PromptLookup(max_tokens=LOOKUP_TOKENS), lambda: FixedDraftLength(LOOKUP_TOKENS)),
-        "hybrid": ours(hybrid, lambda: default_policy(draft=feature)),
-        "hybrid (learned chooser)": ours(lambda: Hybrid(feature, PromptLookup(max_tokens=LOOKUP_TOKENS), chooser=default_sources()),
-                                         lambda: default_policy(draft=feature)),
+        "hybrid": ours(Hybrid(feature, PromptLookup(max_tokens=LOOKUP_TOKENS)), lambda: default_policy(draft=feature)),
+        "hybrid (rule)": ours(Hybrid(feature, PromptLookup(max_tokens=LOOKUP_TOKENS), rule=True),
+                              lambda: default_policy(draft=feature)),
     }, tokenizer
 
 
-def _batched_engines(max_new_tokens: int) -> dict:
+def _batched_engines(max_new_tokens: int, lean: str) -> dict:
     """(name -> run(list of B prompts' ids, temperature) -> (new tokens, target passes, seconds of the
-    prompt passes), the tokenizer): batch_generate with each of our drafts, and without one."""
+    prompt passes), the tokenizer): batch_generate with each of our drafts, and without one, at ``lean``."""
     target, tokenizer = load_smollm2()
     use_fast_passes(target)
     feature = default_feature_draft(target)
@@ -100,7 +102,7 @@ def _batched_engines(max_new_tokens: int) -> dict:
     def ours(draft, policy):
         def run(group, temperature):
             out = batch_generate(target, draft, input_ids=group, max_new_tokens=max_new_tokens, temperature=temperature,
-                                 seeds=list(range(len(group))), policy=policy(), eos_token_id=())
+                                 seeds=list(range(len(group))), policy=policy(), eos_token_id=(), lean=lean)
             return (sum(len(o.tokens) for o in out.outputs), sum(o.stats.target_calls for o in out.outputs),
                     out.outputs[0].stats.prefill_s)
         return run
@@ -116,12 +118,12 @@ def _batched_engines(max_new_tokens: int) -> dict:
 
 
 def run(categories: list[str], prompts: int, temperatures: list[float], max_new_tokens: int, repeats: int,
-        out: Path = Path("results/workload"), batch: int = 1) -> dict:
+        out: Path = Path("results/workload"), batch: int = 1, lean: str = "auto") -> dict:
     """Every engine on every prompt (``batch`` > 1: our engines in batch_generate on groups of
-    ``batch`` prompts) at each temperature; writes ``out``.{json,md,png}."""
+    ``batch`` prompts) at each temperature, ours at ``lean``; writes ``out``.{json,md,png}."""
     if not 1 <= batch <= prompts:
         raise ValueError(f"batch must be in 1..prompts ({prompts}), got {batch}")
-    engines, tokenizer = _engines(max_new_tokens) if batch == 1 else _batched_engines(max_new_tokens)
+    engines, tokenizer = _engines(max_new_tokens, lean) if batch == 1 else _batched_engines(max_new_tokens, lean)
     prompt_ids = {c: [chat_ids(tokenizer, chat) for chat in workload_prompts(c)[:prompts]] for c in categories}
     chats = {c: [ids[i: i + batch] for i in range(0, len(ids) - batch + 1, batch)] for c, ids in prompt_ids.items()}
     cells = [(c, i, t, e) for c in categories for i in range(len(chats[c])) for t in temperatures for e in engines]
@@ -157,7 +159,7 @@ def run(categories: list[str], prompts: int, temperatures: list[float], max_new_
         r["after_prompt_vs_autoregressive"] = (r["after_prompt_tokens_per_s"] / base["after_prompt_tokens_per_s"]
                                                if r["after_prompt_tokens_per_s"] else None)
     data = dict(machine=machine(), settings=dict(categories=categories, prompts=prompts, temperatures=temperatures,
-                                                 max_new_tokens=max_new_tokens, repeats=repeats, batch=batch,
+                                                 max_new_tokens=max_new_tokens, repeats=repeats, batch=batch, lean=lean,
                                                  prompt_counts={c: len(chats[c]) * batch for c in categories}), rows=rows)
     write_results(out, data, table(data))
     plot(data, out.with_suffix(".png"))
@@ -173,7 +175,7 @@ def summary(data: dict) -> list[list]:
     for c, t in dict.fromkeys((r["category"], r["temperature"]) for r in data["rows"]):
         best = max(rate[c, t, "feature draft"], rate[c, t, "prompt lookup"])
         peers = [rate.get((c, t, name)) for name in ("transformers prompt lookup", "llama.cpp prompt lookup (F32)")]
-        for hybrid in ("hybrid", "hybrid (learned chooser)"):
+        for hybrid in HYBRIDS:
             if (c, t, hybrid) in rate:
                 h = rate[c, t, hybrid]
                 rows.append([c, t, hybrid, h / rate[c, t, "autoregressive"], after[c, t, hybrid] or "-", h / best,
@@ -185,9 +187,11 @@ def summary(data: dict) -> list[list]:
 def table(data: dict) -> str:
     s = data["settings"]
     batched = f"our engines in batch_generate, {s['batch']} prompts per batch; " if s.get("batch", 1) > 1 else ""
+    path = {"auto": "fp32 from the checkpoint's blocks", "fp32": "fp32 from the checkpoint's blocks",
+            "fp32-dense": "fp32 read as whole matrices"}.get(s.get("lean", "auto"), s.get("lean"))
     head = (f"Held-out prompts per category: {s['prompt_counts']}; {batched}{s['max_new_tokens']} new tokens; medians over "
             f"prompts of {s['repeats']} repeat(s), every engine making all the tokens (EOS ignored). Our engines run the target "
-            "on the lean fp32 path.\n\n")
+            f"on the lean path, {path}, with the default guard.\n\n")
     return head + markdown_table(
         ["category", "T", "engine", "tokens/s", "x our autoregressive", "target passes / token", "prompt pass share",
          "x our autoregressive after the prompt pass"],

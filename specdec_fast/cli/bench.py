@@ -22,8 +22,9 @@ def _out(args, name: str) -> Path:
 def _bench(args) -> int:
     if args.workload:
         name = "workload" if args.batch == 1 else f"workload_batch{args.batch}"
+        name += "_dense" if args.lean == "fp32-dense" else ""
         data = workload.run(args.categories, args.prompts or 4, args.temperatures, args.max_new_tokens, args.repeats,
-                            _out(args, name), args.batch)
+                            _out(args, name), args.batch, args.lean)
         print(workload.table(data))
         return 0
     data = e2e.run(args.prompts, args.lengths, args.feature_lengths, args.temperatures, args.max_new_tokens,
@@ -105,6 +106,9 @@ def add_parsers(commands, common: argparse.ArgumentParser) -> None:
     bench.add_argument("--categories", nargs="+", choices=CATEGORIES, default=list(CATEGORIES),
                        help="--workload: prompt categories")
     bench.add_argument("--repeats", type=int, default=1, help="--workload: repeats of every cell (medians reported)")
+    bench.add_argument("--lean", choices=("auto", "fp32-dense"), default="auto",
+                       help="--workload: our target's path: the checkpoint's blocks (auto: compute-bound on a CPU) or whole "
+                            "fp32 matrices (fp32-dense: memory-bound, as a dense checkpoint is read)")
     bench.add_argument("--lengths", type=int, nargs="+", default=list(range(1, 9)), help="token-draft lengths")
     bench.add_argument("--feature-lengths", type=int, nargs="+", default=list(range(1, 9)), help="feature-draft lengths")
     bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="sampling temperatures (0 = greedy)")

@@ -93,8 +93,10 @@ class Calibration:
     extra: dict = field(default_factory=dict)
 
     def target(self, n: int) -> float:
-        """T(n) at the shortest cache length measured (interpolated between the sizes measured)."""
-        return interpolate(self.target_pass_s[min(self.target_pass_s)], n)
+        """T(n) at the shortest cache length measured: interpolated between the sizes measured, linear
+        beyond them, and never below T(1) (a noisy slope must not make a large pass free)."""
+        sizes = self.target_pass_s[min(self.target_pass_s)]
+        return max(interpolate(sizes, n), sizes[min(sizes)])
 
     def round_s(self, k: int, draft_step_s: float | None = None) -> float:
         """Seconds of a round drafting k tokens (k = 0: a plain round)."""

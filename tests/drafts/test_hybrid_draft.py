@@ -28,14 +28,15 @@ def learned_chooser() -> CostAwareSources:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature,top_k,top_p,chooser", [(1.0, 0, 1.0, False), (0.8, 6, 0.9, False),
-                                                             (0.8, 6, 0.9, True)])
+@pytest.mark.parametrize("temperature,top_k,top_p,chooser", [(1.0, 0, 1.0, "rule"), (0.8, 6, 0.9, "default"),
+                                                             (0.8, 6, 0.9, "learned")])
 def test_joint_of_first_three_tokens_is_exact(tiny_pair, temperature, top_k, top_p, chooser):
     """5,000 generations of 3 tokens through batch_generate, looking up where the context offers a
-    2-token match (or where the learned chooser says so) and drafting with the model elsewhere:
-    the joint is the target's."""
+    2-token match (the rule), where the default chooser finds it pays by the measured costs, or
+    where a learned chooser says so, and drafting with the model elsewhere: the joint is the target's."""
     target, draft = tiny_pair
-    hybrid = Hybrid(draft, PromptLookup(max_tokens=3), min_match=2, chooser=learned_chooser() if chooser else None)
+    hybrid = Hybrid(draft, PromptLookup(max_tokens=3), min_match=2, chooser=learned_chooser() if chooser == "learned" else None,
+                    rule=chooser == "rule")
     seqs = batched_samples(target, hybrid, REPEATING, 3, 5000, temperature=temperature, top_k=top_k, top_p=top_p,
                            num_draft_tokens=2)
     stat, threshold, df = chi_square(sequence_counts(seqs, 8), exact_joint(target, REPEATING, 3, temperature, top_k, top_p))
@@ -65,18 +66,20 @@ def test_greedy_equals_target_greedy(kind, min_match):
     expected = [generate_autoregressive(target, p, max_new_tokens=30, temperature=0.0, eos_token_id=NO_EOS).tokens
                 for p in prompts]
     for prompt, tokens in zip(prompts, expected):
-        for chooser in (None, learned_chooser()):
-            out = fast_generate(target, Hybrid(model, min_match=min_match, chooser=chooser), prompt, max_new_tokens=30,
-                                temperature=0.0, num_draft_tokens=3, eos_token_id=NO_EOS)
+        for hybrid in (Hybrid(model, min_match=min_match, rule=True), Hybrid(model), Hybrid(model, chooser=learned_chooser())):
+            out = fast_generate(target, hybrid, prompt, max_new_tokens=30, temperature=0.0, num_draft_tokens=3, eos_token_id=NO_EOS)
             assert out.tokens == tokens
-    batch = batch_generate(target, Hybrid(model, min_match=min_match), input_ids=prompts, max_new_tokens=30,
-                           temperature=0.0, num_draft_tokens=3, eos_token_id=NO_EOS)
-    assert [o.tokens for o in batch.outputs] == expected
+    for hybrid in (Hybrid(model, min_match=min_match, rule=True), Hybrid(model)):
+        batch = batch_generate(target, hybrid, input_ids=prompts, max_new_tokens=30, temperature=0.0, num_draft_tokens=3,
+                               eos_token_id=NO_EOS)
+        assert [o.tokens for o in batch.outputs] == expected
 
 
-def test_bad_min_match():
+def test_bad_min_match_or_a_rule_beside_a_chooser():
     with pytest.raises(ValueError, match="min_match must be positive"):
         Hybrid(torch.nn.Identity(), min_match=0)
+    with pytest.raises(ValueError, match="rule=True or a chooser, not both"):
+        Hybrid(torch.nn.Identity(), chooser=learned_chooser(), rule=True)
 
 
 def test_the_chooser_decides_per_row_and_sees_each_round():
