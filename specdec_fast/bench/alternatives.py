@@ -29,7 +29,7 @@ def run(num_prompts: int | None, lengths: list[int], counts: list[int], temperat
         def generate(ids, settings):
             policy = default_policy("token", POLICY_FILES["feature"]) if k is None else None  # fresh per run
             s = fast_generate(bench.target, bench.draft, ids, num_draft_tokens=k or 1, policy=policy,
-                              num_alternatives=a, **settings).stats
+                              num_alternatives=a, guard=k is None, **settings).stats
             return dict(alternatives=a, tps=s.tokens_per_second, accepted_length=s.mean_accepted_length,
                         alternative_wins=s.alternatives_accepted / max(s.rounds, 1), pass_s=s.target_pass_s)
         return generate

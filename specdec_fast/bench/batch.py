@@ -62,7 +62,7 @@ def run(batches: list[int], lengths: list[int], temperatures: list[float], max_n
     methods = {BASELINE: baseline}
     for k in lengths:
         methods[f"k={k}"] = lambda ids, seeds, t, k=k: batch_generate(target, draft, input_ids=ids, temperature=t, seeds=seeds,
-                                                                       num_draft_tokens=k, **settings)
+                                                                       num_draft_tokens=k, guard=False, **settings)
     methods["autoregressive again"] = baseline  # A/A control: the noise and order bias of a pair
     methods["cost-aware"] = lambda ids, seeds, t: batch_generate(target, draft, input_ids=ids, temperature=t, seeds=seeds,
                                                                  policy=default_policy(path=POLICY_FILES[draft_kind]), **settings)

@@ -68,7 +68,7 @@ def loop_acceptance(target, draft: FeatureDraft, prompts: list[list[int]], k: in
     accepted, drafted, tokens, rounds = [0] * k, [0] * k, 0, 0
     for seed, ids in enumerate(prompts):
         stats = fast_generate(*feature_pair(target, draft), ids, max_new_tokens=max_new_tokens, temperature=temperature,
-                              num_draft_tokens=k, seed=seed, eos_token_id=()).stats
+                              num_draft_tokens=k, seed=seed, eos_token_id=(), guard=False).stats
         for i, (a, d) in enumerate(zip(stats.accepted_at, stats.drafted_at)):
             accepted[i], drafted[i] = accepted[i] + a, drafted[i] + d
         tokens, rounds = tokens + stats.new_tokens, rounds + stats.rounds

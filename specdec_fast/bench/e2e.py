@@ -51,7 +51,7 @@ def run(num_prompts: int | None, lengths: list[int], feature_lengths: list[int],
 
     def speculative(pair, k: int, a: int = 0):
         def method(ids, settings):
-            s = fast_generate(*pair, ids, num_draft_tokens=k, num_alternatives=a, **settings).stats
+            s = fast_generate(*pair, ids, num_draft_tokens=k, num_alternatives=a, guard=False, **settings).stats
             return dict(k=k, alternatives=a, tps=s.tokens_per_second, acceptance=s.acceptance_rate,
                         accepted_length=s.mean_accepted_length, per_position=s.per_position_acceptance,
                         pass_s=s.target_pass_s, draft_token_s=s.draft_s / max(s.drafted, 1),

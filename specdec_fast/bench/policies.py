@@ -123,7 +123,7 @@ def run(num_prompts: int, temperatures: list[float], max_new_tokens: int, length
                     kept.append((logits.clone(), q.clone(), x.clone()))
 
             s = fast_generate(target, draft, ids, policy=make(verifier), verifier=verifier, on_round=record,
-                              **settings).stats
+                              guard=False, **settings).stats  # each policy's own choices
             paired = [paired_accepted(*round_, settings["temperature"]) for round_ in kept]
             row = dict(method=name, verifier=verifier, tps=s.tokens_per_second,
                        modelled_tps=modelled_tps([d for d, _ in rounds], s.new_tokens, costs, s.withheld),

@@ -76,7 +76,7 @@ def run(num_prompts: int, k: int, temperatures: list[float], max_new_tokens: int
     methods = {"target alone": lambda p, s: dict(tps=generate_autoregressive(target, p, **s).stats.tokens_per_second)}
     for name, draft in candidates.items():
         def method(p, s, draft=draft):
-            st = fast_generate(target, draft, p, num_draft_tokens=k, **s).stats
+            st = fast_generate(target, draft, p, num_draft_tokens=k, guard=False, **s).stats
             return dict(tps=st.tokens_per_second, acceptance=st.acceptance_rate)
         methods[f"{name} k={k}"] = method
     runs = bench.run(methods, "target alone", desc="prompts")

@@ -86,7 +86,7 @@ def collect_traces(target, draft, tokenizer, prompts: list[str], temperatures: l
         for temperature in temperatures:
             recorder = TraceRecorder(max_draft, temperature)
             fast_generate(target, draft, ids, max_new_tokens=max_new_tokens, temperature=temperature, seed=i,
-                          policy=recorder, eos_token_id=(), on_round=recorder.on_round)
+                          policy=recorder, eos_token_id=(), on_round=recorder.on_round, guard=False)
             rows["features"] += recorder.features
             for name in PREDICTOR_OUTPUTS:
                 rows[name] += recorder.labels[name]
