@@ -24,6 +24,7 @@ import torch
 
 from ..data.prompts import heldout_prompts
 from ..decoding import fast_generate, generate_autoregressive
+from ..decoding.calibrate import machine_rates
 from ..decoding.requests import chat_prompt_ids
 from ..drafts.feature_lm import feature_pair
 from ..drafts.shipped import default_feature_draft
@@ -35,7 +36,7 @@ from ..models.smollm2 import gguf_path, load_smollm2, smollm2_path
 from ..policies.shipped import default_policy
 from .common import machine, markdown_table, median_time, pyplot, save_figure, write_results
 from .microbench import read_bandwidth
-from .peer import LlamaCppPeer, gguf_fails, gguf_file, peer_missing
+from .peer import LlamaCppPeer, gguf_fails, gguf_file, peer_build, peer_missing
 
 SIZES = (1, 2, 3, 4, 5, 9)  # tokens in a pass: k + 1 for k = 0..4 and 8
 CACHED = (64, 512)
@@ -197,18 +198,20 @@ def run(repeats: int, prompts: int, max_new_tokens: int, decode_repeats: int, ou
     if missing:
         print(f"llama.cpp peer skipped: {missing}")
     times = pass_times(ours, peers, repeats)
-    weights = weight_bytes(model)
+    weights, gflops = weight_bytes(model), machine_rates(threads)[0]
+    flops = 2 * LeanWeights.of(model, "fp32").sizes()[0]  # per token of a pass
     rows = []
     for name in list(ours) + list(peers):
         for c in CACHED:
-            bound_s = (weights[weight_key(name)] + kv_bytes(model, c)) / bandwidth
-            t1 = times[name, c, 1]
+            bound_s = max((weights[weight_key(name)] + kv_bytes(model, c)) / bandwidth, flops / (gflops * 1e9))
+            t1, wide = times[name, c, 1], times[name, c, SIZES[-1]]
             rows.append(dict(engine=name, cached=c, **{f"ms_{n}": times[name, c, n] * 1e3 for n in SIZES},
                              tokens_per_s=1 / t1, v=[times[name, c, n] / t1 for n in SIZES], of_bound=bound_s / t1,
-                             bound_tokens_per_s=1 / bound_s))
+                             bound_tokens_per_s=1 / bound_s, wide_of_matmul=flops * SIZES[-1] / wide / (gflops * 1e9)))
     data = dict(machine=machine(), settings=dict(repeats=repeats, threads=threads, prompts=prompts,
                                                  max_new_tokens=max_new_tokens, decode_repeats=decode_repeats),
-                read_bandwidth_gbps=bandwidth / 1e9, reads_gbps={k: v / 1e9 for k, v in reads.items()}, weight_bytes=weights, peer_missing=missing, passes=rows,
+                read_bandwidth_gbps=bandwidth / 1e9, reads_gbps={k: v / 1e9 for k, v in reads.items()}, matmul_gflops=gflops,
+                weight_bytes=weights, peer_missing=missing, peer_build=peer_build(), passes=rows,
                 draft_steps=draft_steps(model, 5 * repeats), decode=decode(model, eager, tokenizer, peers, prompts, max_new_tokens, decode_repeats))
     write_results(out, data, table(data))
     plot(data, out.with_suffix(".png"))
@@ -218,9 +221,9 @@ def run(repeats: int, prompts: int, max_new_tokens: int, decode_repeats: int, ou
 def table(data: dict) -> str:
     passes = markdown_table(
         ["engine", "cached", *[f"{n}-token ms" for n in SIZES], "tokens/s (1-token)", "v(8) = 9-token / 1-token",
-         "of the bandwidth bound"],
-        [[r["engine"], r["cached"], *[r[f"ms_{n}"] for n in SIZES], r["tokens_per_s"], r["v"][-1], r["of_bound"]]
-         for r in data["passes"]])
+         "1-token pass of its bound", f"{SIZES[-1]}-token pass of the matrix product's rate"],
+        [[r["engine"], r["cached"], *[r[f"ms_{n}"] for n in SIZES], r["tokens_per_s"], r["v"][-1], r["of_bound"],
+          r.get("wide_of_matmul", "-")] for r in data["passes"]])
     one = {r["cached"]: r["ms_1"] for r in data["passes"] if r["engine"] == "lean fp32"}
     steps = markdown_table(["draft", "cached", "step ms", "c = step / lean fp32 1-token pass"],
                            [[r["draft"], r["cached"], r["ms"], r["ms"] / one[r["cached"]]] for r in data["draft_steps"]])
@@ -228,10 +231,17 @@ def table(data: dict) -> str:
     decoded = markdown_table(["engine", "greedy tokens/s (median of prompts)"], [[k, v] for k, v in d["tokens_per_s"].items()])
     reads = data["reads_gbps"]
     note = (f"Read bandwidth {data['read_bandwidth_gbps']:.1f} GB/s, the larger of a sum over 1 GiB ({reads['sum']:.1f}) "
-            f"and a one-row product with a 512 MiB matrix ({reads['gemv']:.1f}); bound = (weights + KV cache read) / "
-            "bandwidth. " + (f"llama.cpp peer skipped: {data['peer_missing']}." if data["peer_missing"] else ""))
+            f"and a one-row product with a 512 MiB matrix ({reads['gemv']:.1f}); a 1024^3 fp32 matrix product "
+            f"{data.get('matmul_gflops', 0):.0f} GFLOP/s on the same threads. A one-token pass's bound: the larger of (weights + "
+            "KV cache read) / bandwidth and 2 FLOPs per weight at the matrix product's rate; the 9-token pass's rate counts 2 "
+            "FLOPs per weight per token. " + (f"llama.cpp peer skipped: {data['peer_missing']}." if data["peer_missing"] else "")
+            + (f"llama.cpp built for: {data['peer_build']}." if data.get("peer_build") else ""))
     match = (f"\n\nGreedy tokens equal to llama.cpp F32's before the first difference, per prompt: "
              f"{d['same_greedy_prefix_as_llama_cpp_f32']}" if d["same_greedy_prefix_as_llama_cpp_f32"] else "")
+    rates = d["tokens_per_s"]
+    if "llama.cpp Q4_1" in rates:
+        match += (f"\n\nOur autoregressive loop on the Q4_1 file's numbers (lean fp32) / llama.cpp on the file itself: "
+                  f"{rates['autoregressive, lean fp32'] / rates['llama.cpp Q4_1']:.2f}x")
     return f"{note}\n\n{passes}\n\nThe shipped feature draft's step:\n\n{steps}\n\nGreedy decoding, {data['settings']['max_new_tokens']} new tokens, chat prompts:\n\n{decoded}{match}"
 
 

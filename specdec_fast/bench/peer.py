@@ -35,6 +35,16 @@ def peer_missing() -> str | None:
     return None
 
 
+def peer_build() -> str | None:
+    """The instruction sets llama.cpp was built for (its system info: "AVX2 = 1 | FMA = 1 | ..."), or
+    None without it. Build it for an ISA with CMAKE_ARGS (docs/kernels.md, "Peers per ISA")."""
+    if peer_missing():
+        return None
+    import llama_cpp  # optional: the [peer] extra
+
+    return " | ".join(flag for flag in llama_cpp.llama_print_system_info().decode().split(" | ") if "= 1" in flag or "CPU" in flag)
+
+
 def gguf_fails(gguf: Path, threads: int) -> str | None:
     """Why llama.cpp cannot run ``gguf`` here, or None: one pass in a child process, since a kernel
     built for instructions this CPU lacks stops the process (llama.cpp's Q4_1 path on the Xeon VM:
