@@ -46,7 +46,21 @@ inline float to_float(Half x) {
   return static_cast<float>(h);
 }
 
-inline vfloat splat(float x) { return vfloat{} + x; }
+// x in every lane: one broadcast (vfloat{} + x would add a zero first, since -0 + 0 is +0).
+inline vfloat splat(float x) {
+#if defined(__AVX512F__)
+  return (vfloat)_mm512_set1_ps(x);
+#elif defined(__AVX__)
+  return (vfloat)_mm256_set1_ps(x);
+#elif defined(__aarch64__)
+  const float32x4_t half = vdupq_n_f32(x), both[2] = {half, half};
+  vfloat v;
+  std::memcpy(&v, both, sizeof v);
+  return v;
+#else
+  return vfloat{} + x;
+#endif
+}
 inline vfloat load(const float* p) {
   vfloat v;
   std::memcpy(&v, p, sizeof v);
