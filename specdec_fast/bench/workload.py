@@ -6,9 +6,12 @@ assisted generation with our token draft, then our autoregressive loop (twice: a
 control), the feature draft with its shipped policy, prompt lookup and the hybrid (its default
 choice by cost, and the fixed rule), all with the default guard, on the target's path at ``lean``
 (the default reads the checkpoint's blocks: a compute-bound pass on a CPU; ``fp32-dense`` reads
-whole fp32 matrices, as a user's dense checkpoint is read: a memory-bound pass). Each prompt
-runs every engine once per repeat, in a shuffled order, after one untimed run of each engine;
-medians over prompts of tokens/s and of target passes per token, the prompt pass's share of the
+whole fp32 matrices, as a user's dense checkpoint is read: a memory-bound pass). Each repeat
+runs, prompt by prompt and temperature by temperature in a shuffled order, a block of every
+engine back to back (in a shuffled order), after one untimed run of each engine; an engine's
+ratio to our autoregressive loop is the median over blocks of the ratio within each block (the
+VM's speed moves by up to 1.5x between minutes, not within a block); tokens/s and target passes
+per token are medians over prompts, the prompt pass's share of the
 wall time and the tokens/s after it (ours; transformers does not report them). Every engine makes
 exactly ``max_new_tokens`` tokens (EOS does not stop it): at T = 1 the engines sample different
 texts, and one that ended early would be timed mostly on its prompt pass.
@@ -42,9 +45,10 @@ OURS = ("autoregressive", "autoregressive (A/A)", "feature draft", "prompt looku
 HYBRIDS = ("hybrid", "hybrid (rule)")
 
 
-def _engines(max_new_tokens: int, lean: str) -> dict:
+def _engines(max_new_tokens: int, lean: str, peers: bool = True) -> dict:
     """(name -> run(ids, temperature) -> (new tokens, target passes or None, seconds of the prompt pass
-    or None), the tokenizer), on SmolLM2-135M-Instruct, ours on the target's path at ``lean``."""
+    or None), the tokenizer), on SmolLM2-135M-Instruct, ours on the target's path at ``lean``;
+    without ``peers``, ours only (no transformers or llama.cpp engine)."""
     plain, _ = load_smollm2()  # transformers' own modules, for transformers' engines
     target, tokenizer = load_smollm2()
     use_fast_passes(target)
@@ -73,15 +77,15 @@ def _engines(max_new_tokens: int, lean: str) -> dict:
             return len(peer.generate(ids, max_new_tokens, temperature)), None, None
         return run
 
-    peers = {}
-    if peer_missing() is None:  # the [peer] extra: llama.cpp on a GGUF of the same checkpoint
+    others = {}
+    if peers and peer_missing() is None:  # the [peer] extra: llama.cpp on a GGUF of the same checkpoint
         gguf, threads = gguf_file(smollm2_path(), "F32"), torch.get_num_threads()
-        peers = {"llama.cpp (F32)": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT)),
-                 "llama.cpp prompt lookup (F32)": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT, lookup_tokens=10))}
-    return peers | {
-        "transformers generate": hf(),
-        "transformers prompt lookup": hf(prompt_lookup_num_tokens=10),
-        "transformers assisted (token draft)": hf(assistant_model=token),
+        others = {"llama.cpp (F32)": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT)),
+                  "llama.cpp prompt lookup (F32)": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT, lookup_tokens=10))}
+    if peers:
+        others |= {"transformers generate": hf(), "transformers prompt lookup": hf(prompt_lookup_num_tokens=10),
+                   "transformers assisted (token draft)": hf(assistant_model=token)}
+    return others | {
         "autoregressive": ours(None),
         "autoregressive (A/A)": ours(None),
         "feature draft": ours(feature, lambda: default_policy(draft=feature)),
@@ -118,46 +122,53 @@ def _batched_engines(max_new_tokens: int, lean: str) -> dict:
 
 
 def run(categories: list[str], prompts: int, temperatures: list[float], max_new_tokens: int, repeats: int,
-        out: Path = Path("results/workload"), batch: int = 1, lean: str = "auto") -> dict:
+        out: Path = Path("results/workload"), batch: int = 1, lean: str = "auto", peers: bool = True) -> dict:
     """Every engine on every prompt (``batch`` > 1: our engines in batch_generate on groups of
-    ``batch`` prompts) at each temperature, ours at ``lean``; writes ``out``.{json,md,png}."""
+    ``batch`` prompts) at each temperature, ours at ``lean`` (without ``peers``: ours only); writes
+    ``out``.{json,md,png}."""
     if not 1 <= batch <= prompts:
         raise ValueError(f"batch must be in 1..prompts ({prompts}), got {batch}")
-    engines, tokenizer = _engines(max_new_tokens, lean) if batch == 1 else _batched_engines(max_new_tokens, lean)
+    engines, tokenizer = _engines(max_new_tokens, lean, peers) if batch == 1 else _batched_engines(max_new_tokens, lean)
     prompt_ids = {c: [chat_ids(tokenizer, chat) for chat in workload_prompts(c)[:prompts]] for c in categories}
     chats = {c: [ids[i: i + batch] for i in range(0, len(ids) - batch + 1, batch)] for c, ids in prompt_ids.items()}
-    cells = [(c, i, t, e) for c in categories for i in range(len(chats[c])) for t in temperatures for e in engines]
-    samples = {cell: [] for cell in cells}
+    blocks = [(c, i, t) for c in categories for i in range(len(chats[c])) for t in temperatures]
+    samples = {(c, i, t, e): [] for c, i, t in blocks for e in engines}
     first = chats[categories[0]][0]
-    for e in engines:  # warm-up, not timed: kernels built and loaded, weights packed, caches made
+    for e in engines:  # warm-up, not timed: kernels built and loaded, weights packed, caches made, costs calibrated
         engines[e](first if batch > 1 else first[0], temperatures[0])
     order = random.Random(0)
     for _ in range(repeats):
-        order.shuffle(cells)
-        for c, i, t, e in cells:
-            start = time.perf_counter()
-            tokens, passes, prompt_s = engines[e](chats[c][i] if batch > 1 else chats[c][i][0], t)
-            seconds = time.perf_counter() - start
-            samples[c, i, t, e].append((tokens / seconds, passes / tokens if passes else None,
-                                        None if prompt_s is None else (prompt_s / seconds, tokens / (seconds - prompt_s))))
+        order.shuffle(blocks)
+        for c, i, t in blocks:  # a block: every engine on one prompt and temperature, back to back, in a shuffled order
+            names = list(engines)
+            order.shuffle(names)
+            for e in names:
+                start = time.perf_counter()
+                tokens, passes, prompt_s = engines[e](chats[c][i] if batch > 1 else chats[c][i][0], t)
+                seconds = time.perf_counter() - start
+                samples[c, i, t, e].append((tokens / seconds, passes / tokens if passes else None,
+                                            None if prompt_s is None else (prompt_s / seconds, tokens / (seconds - prompt_s))))
     rows = []
     for c in categories:
         for t in temperatures:
             for e in engines:
-                rates = [statistics.median(s[0] for s in samples[c, i, t, e]) for i in range(len(chats[c]))]
-                passes = [statistics.median(s[1] for s in samples[c, i, t, e]) for i in range(len(chats[c]))
-                          if samples[c, i, t, e][0][1] is not None]
-                prompt = [[statistics.median(s[2][j] for s in samples[c, i, t, e]) for i in range(len(chats[c]))]
-                          for j in (0, 1)] if samples[c, 0, t, e][0][2] is not None else None
-                rows.append(dict(category=c, temperature=t, engine=e, tokens_per_s=statistics.median(rates),
+                cell = [samples[c, i, t, e] for i in range(len(chats[c]))]
+                base = [samples[c, i, t, "autoregressive"] for i in range(len(chats[c]))]
+                passes = [statistics.median(s[1] for s in runs) for runs in cell if runs[0][1] is not None]
+                prompt = ([[statistics.median(s[2][j] for s in runs) for runs in cell] for j in (0, 1)]
+                          if cell[0][0][2] is not None else None)
+                # x our autoregressive: the median over blocks of the ratio within each block (runs minutes apart
+                # meet the machine at other speeds; runs of one block meet it at one)
+                paired = [run[0] / ref[0] for runs, refs in zip(cell, base) for run, ref in zip(runs, refs)]
+                after = ([run[2][1] / ref[2][1] for runs, refs in zip(cell, base) for run, ref in zip(runs, refs)]
+                         if prompt else None)
+                rows.append(dict(category=c, temperature=t, engine=e,
+                                 tokens_per_s=statistics.median(statistics.median(s[0] for s in runs) for runs in cell),
                                  passes_per_token=statistics.median(passes) if passes else None,
                                  prompt_share=statistics.median(prompt[0]) if prompt else None,
-                                 after_prompt_tokens_per_s=statistics.median(prompt[1]) if prompt else None))
-    for r in rows:
-        base = next(x for x in rows if (x["category"], x["temperature"], x["engine"]) == (r["category"], r["temperature"], "autoregressive"))
-        r["vs_autoregressive"] = r["tokens_per_s"] / base["tokens_per_s"]
-        r["after_prompt_vs_autoregressive"] = (r["after_prompt_tokens_per_s"] / base["after_prompt_tokens_per_s"]
-                                               if r["after_prompt_tokens_per_s"] else None)
+                                 after_prompt_tokens_per_s=statistics.median(prompt[1]) if prompt else None,
+                                 vs_autoregressive=statistics.median(paired), vs_autoregressive_all=paired,
+                                 after_prompt_vs_autoregressive=statistics.median(after) if after else None))
     data = dict(machine=machine(), settings=dict(categories=categories, prompts=prompts, temperatures=temperatures,
                                                  max_new_tokens=max_new_tokens, repeats=repeats, batch=batch, lean=lean,
                                                  prompt_counts={c: len(chats[c]) * batch for c in categories}), rows=rows)
@@ -168,19 +179,19 @@ def run(categories: list[str], prompts: int, temperatures: list[float], max_new_
 
 def summary(data: dict) -> list[list]:
     """Per (category, T): the hybrids against our autoregressive loop (and after the prompt pass), the best single source
-    (feature draft or lookup), transformers' and llama.cpp's prompt lookup; the A/A control."""
+    (feature draft or lookup), transformers' and llama.cpp's prompt lookup; the A/A control. Every ratio is of two
+    engines' paired ratios to our autoregressive loop (the median of the per-block ratios)."""
     rows = []
-    rate = {(r["category"], r["temperature"], r["engine"]): r["tokens_per_s"] for r in data["rows"]}
+    paired = {(r["category"], r["temperature"], r["engine"]): r["vs_autoregressive"] for r in data["rows"]}
     after = {(r["category"], r["temperature"], r["engine"]): r.get("after_prompt_vs_autoregressive") for r in data["rows"]}
     for c, t in dict.fromkeys((r["category"], r["temperature"]) for r in data["rows"]):
-        best = max(rate[c, t, "feature draft"], rate[c, t, "prompt lookup"])
-        peers = [rate.get((c, t, name)) for name in ("transformers prompt lookup", "llama.cpp prompt lookup (F32)")]
+        best = max(paired[c, t, "feature draft"], paired[c, t, "prompt lookup"])
+        peers = [paired.get((c, t, name)) for name in ("transformers prompt lookup", "llama.cpp prompt lookup (F32)")]
         for hybrid in HYBRIDS:
-            if (c, t, hybrid) in rate:
-                h = rate[c, t, hybrid]
-                rows.append([c, t, hybrid, h / rate[c, t, "autoregressive"], after[c, t, hybrid] or "-", h / best,
-                             *(h / p if p else "-" for p in peers),
-                             rate[c, t, "autoregressive (A/A)"] / rate[c, t, "autoregressive"]])
+            if (c, t, hybrid) in paired:
+                h = paired[c, t, hybrid]
+                rows.append([c, t, hybrid, h, after[c, t, hybrid] or "-", h / best, *(h / p if p else "-" for p in peers),
+                             paired[c, t, "autoregressive (A/A)"]])
     return rows
 
 

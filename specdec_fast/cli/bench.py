@@ -24,7 +24,7 @@ def _bench(args) -> int:
         name = "workload" if args.batch == 1 else f"workload_batch{args.batch}"
         name += "_dense" if args.lean == "fp32-dense" else ""
         data = workload.run(args.categories, args.prompts or 4, args.temperatures, args.max_new_tokens, args.repeats,
-                            _out(args, name), args.batch, args.lean)
+                            _out(args, name), args.batch, args.lean, not args.no_peers)
         print(workload.table(data))
         return 0
     data = e2e.run(args.prompts, args.lengths, args.feature_lengths, args.temperatures, args.max_new_tokens,
@@ -106,6 +106,7 @@ def add_parsers(commands, common: argparse.ArgumentParser) -> None:
     bench.add_argument("--categories", nargs="+", choices=CATEGORIES, default=list(CATEGORIES),
                        help="--workload: prompt categories")
     bench.add_argument("--repeats", type=int, default=1, help="--workload: repeats of every cell (medians reported)")
+    bench.add_argument("--no-peers", action="store_true", help="--workload: our engines only (no transformers or llama.cpp)")
     bench.add_argument("--lean", choices=("auto", "fp32-dense"), default="auto",
                        help="--workload: our target's path: the checkpoint's blocks (auto: compute-bound on a CPU) or whole "
                             "fp32 matrices (fp32-dense: memory-bound, as a dense checkpoint is read)")
