@@ -17,7 +17,7 @@ from ..drafts.binding import batched_pair
 from ..drafts.lookup import remember
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
-from .calibrate import loop_costs
+from .calibrate import drafting_allowed, loop_costs
 from .config import generation_settings
 from .outputs import BatchGenerationOutput, GenerationOutput, GenerationStats
 from .requests import Request, batch_prompt_ids, check_budget, check_policy, decode_text
@@ -102,8 +102,9 @@ def batch_generate(
         running = [requests[b] for b in active]
         longest = max(r.remaining for r in running) - 1
         k = min(policy.begin_round(longest, len(active)), longest) if draft_lm is not None else 0
-        k = guard.allow(k, len(active)) if guard is not None else k
-        done = speculative_round(target_lm, draft_lm, running, k, sampling.rows(active), verifier, eos)
+        allowed = drafting_allowed(guard, k, draft, len(active))
+        k = min(k, allowed)
+        done = speculative_round(target_lm, draft_lm, running, k, sampling.rows(active), verifier, eos, lookups=allowed > 0)
         draft_lengths.append(k)
         still = [b for b, (r, tokens) in enumerate(zip(running, done.committed)) if tokens[-1] not in eos and r.remaining]
         for b in set(range(len(active))) - set(still):

@@ -111,7 +111,8 @@ def padded(rows: list[Tensor], width: int) -> Tensor:
 
 def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], uniforms: list[Tensor],
                 sampling: SamplingParams, eos: set[int], policy: DraftPolicy | None = None) -> Drafts:
-    """Draft up to lens[b] tokens for row b with uniforms[b] [>= lens[b]]. A row stops at EOS; with
+    """Draft up to lens[b] tokens for row b with uniforms[b] [>= lens[b]] (a hybrid's looked-up rows
+    up to len(uniforms[b]), even where every lens[b] is 0: its model then does not run). A row stops at EOS; with
     ``policy`` (one sequence only) the policy may decline to verify the first token (withheld:
     lens becomes 0) or stop after any token. Stops when every row has stopped.
 
@@ -125,9 +126,11 @@ def draft_chain(draft: BatchedCachedLM, seqs: list[Request], lens: list[int], un
     lens, width = list(lens), max(budgets, default=0)
     tokens, probs, first_logits, passes, withheld, point_mass = [], [], None, 0, False, None
     u = padded(uniforms, width)
-    if max(lens, default=0):  # lens all 0: no speculation this round, from any source
+    if width:  # no uniforms: no speculation this round, from any source
         seen = draft.lengths.tolist()
-        if hasattr(draft, "begin_round"):  # a lookup draft: what it is fed now is committed
+        if hasattr(draft, "lookup_tokens"):  # a hybrid: its model drafts only where lens allow
+            draft.begin_round(sampling, model=bool(max(lens, default=0)))
+        elif hasattr(draft, "begin_round"):  # a lookup draft: what it is fed now is committed
             draft.begin_round(sampling)
         logits = draft.extend(*right_aligned([s.ids[m:] for s, m in zip(seqs, seen)]), 1)[:, -1]
         first_logits, passes = logits, 1
@@ -258,17 +261,19 @@ def plain_round(target: BatchedCachedLM, seqs: list[Request], sampling: Sampling
 
 
 def speculative_round(target: BatchedCachedLM, draft: BatchedCachedLM | None, seqs: list[Request], k: int,
-                      sampling: SamplingParams, verifier: str, eos: set[int], policy: DraftPolicy | None = None) -> Round:
+                      sampling: SamplingParams, verifier: str, eos: set[int], policy: DraftPolicy | None = None,
+                      lookups: bool = True) -> Round:
     """One round for ``seqs`` (the rows both caches hold, in order), drafting up to k tokens each
-    (fewer where the budget ends; ``draft=None`` or k = 0: none). ``policy``: ask it token by token
-    (one sequence). A round that drafts nothing is :func:`plain_round`, one whose drafts all stop
-    before the first token takes :func:`plain_step`. Adds the round's counts and seconds to each
-    sequence's stats."""
+    (fewer where the budget ends; ``draft=None`` or k = 0: none), and, with ``lookups``, whatever a
+    hybrid's chooser looks up (at k = 0 too: the model's policy declining does not stop a lookup
+    that pays). ``policy``: ask it token by token (one sequence). A round that drafts nothing is
+    :func:`plain_round`, one whose drafts all stop before the first token takes :func:`plain_step`.
+    Adds the round's counts and seconds to each sequence's stats."""
     lens = [min(k, s.remaining - 1) if draft is not None else 0 for s in seqs]
-    if not max(lens, default=0):
+    lookup = getattr(draft, "lookup_tokens", 0) if lookups else 0  # a hybrid's looked-up rows may draft more than k
+    if not max(lens, default=0) and not lookup:
         return plain_round(target, seqs, sampling, eos)
     start = time.perf_counter()
-    lookup = getattr(draft, "lookup_tokens", 0)  # a hybrid's looked-up rows may draft more than k
     u_draft, u_verify = round_uniforms(seqs, [max(n, min(lookup, s.remaining - 1)) for n, s in zip(lens, seqs)])
     drafts = draft_chain(draft, seqs, lens, u_draft, sampling, eos, policy)
 

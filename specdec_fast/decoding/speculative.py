@@ -15,7 +15,7 @@ from ..models.batched_lm import BatchedCachedLM, OneSequence
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
 from .alternatives import alternatives_round, check_alternatives
-from .calibrate import loop_costs
+from .calibrate import drafting_allowed, loop_costs
 from .config import generation_settings
 from .outputs import GenerationOutput, GenerationStats
 from .requests import Request, check_budget, check_policy, decode_text, prompt_ids
@@ -121,11 +121,11 @@ def fast_generate(
 
     while seq.remaining > 0:
         k = min(policy.begin_round(seq.remaining - 1), seq.remaining - 1)
-        k = guard.allow(k) if guard is not None else k
+        allowed = drafting_allowed(guard, k, draft)
         if num_alternatives:
-            r = alternatives_round(one_target, one_draft, seq, k, num_alternatives, sampling, eos, policy)
+            r = alternatives_round(one_target, one_draft, seq, min(k, allowed), num_alternatives, sampling, eos, policy)
         else:
-            r = speculative_round(one_target, one_draft, [seq], k, sampling, verifier, eos, policy)
+            r = speculative_round(one_target, one_draft, [seq], min(k, allowed), sampling, verifier, eos, policy, allowed > 0)
         drafts, verified, emitted = r.drafts, r.verified, r.committed[0]
         policy.observe(drafts.lens[0], verified.accepted[0], r.draft_s, r.target_s)
         if guard is not None:

@@ -57,7 +57,7 @@ class HybridLM:
         self.looked_up = torch.zeros(lookup.batch, dtype=torch.bool)
         self.lookup_lengths = torch.zeros(lookup.batch, dtype=torch.int64)  # the tokens each looked-up row drafts
         self.temperature = torch.ones(lookup.batch)
-        self.first = False
+        self.first, self.model_drafts = False, True
         if chooser is not None:
             chooser.reset(lookup.batch)
 
@@ -86,12 +86,14 @@ class HybridLM:
         """[B, width]: the round's proposals at once, when every row is looked up (see LookupLM.planned)."""
         return self.lookup.planned(width)
 
-    def begin_round(self, sampling=None) -> None:
-        """The next extend is a round's first (``sampling``: the round's settings, for the chooser)."""
+    def begin_round(self, sampling=None, model: bool = True) -> None:
+        """The next extend is a round's first (``sampling``: the round's settings, for the chooser);
+        ``model``: whether the rows not looked up draft with the model this round (else they draft
+        nothing, and the model is not run)."""
         self.lookup.begin_round()
         if sampling is not None:
             self.temperature = sampling.as_tensors(len(self.looked_up))[0]
-        self.first = True
+        self.first, self.model_drafts = True, model
 
     def reset(self) -> None:
         self.lookup.reset()
@@ -119,6 +121,8 @@ class HybridLM:
             fed = fed.cpu() & ~self.looked_up[:, None]
         if bool(self.looked_up.all()):
             return looked
+        if not self.model_drafts:  # the other rows draft nothing: finite logits that no draft reads
+            return looked.masked_fill(~self.looked_up.to(looked.device)[:, None, None], 0.0)
         modelled = self.model.extend(tokens, fed, num_logits)
         return torch.where(self.looked_up.to(modelled.device)[:, None, None], looked[:, -num_logits:].to(modelled.device),
                            modelled)

@@ -12,6 +12,7 @@ from specdec_fast.drafts.binding import batched_pair, cached_pair, draft_kind
 from specdec_fast.drafts.hybrid import Hybrid
 from specdec_fast.drafts.lookup import PromptLookup
 from specdec_fast.models.batched_lm import right_aligned
+from specdec_fast.policies.baselines import FixedDraftLength
 from specdec_fast.policies.costs import CostModel
 from specdec_fast.policies.sources import CostAwareSources, LookupAcceptance
 
@@ -114,3 +115,20 @@ def test_a_hybrid_is_the_kind_of_its_model():
     assert draft_kind(Hybrid(tiny_llama(11, vocab=16, layers=1))) == "token"
     _, one = cached_pair(target, Hybrid(feature_draft(target)))
     assert draft_kind(one) == "feature"
+
+
+def test_a_hybrid_looks_up_where_the_models_policy_declines_and_leaves_the_model_idle():
+    """The model's policy drafts nothing (k = 0): the hybrid still copies what the context repeats
+    (greedy output unchanged), and its model runs for the prompt only."""
+    target = tiny_llama(10, vocab=16, context=128)
+    model = tiny_llama(11, vocab=16, layers=1, context=128)
+    calls = []
+    model.register_forward_hook(lambda *args: calls.append(1))
+    cycle = generate_autoregressive(target, [1, 2, 3], max_new_tokens=60, temperature=0.0, eos_token_id=NO_EOS).tokens
+    prompt = [1, 2, 3] + cycle[:40]
+    for run in range(2):  # (the first also calibrates the pair, running the model)
+        calls.clear()
+        out = fast_generate(target, Hybrid(model, PromptLookup(max_tokens=4), rule=True), prompt, max_new_tokens=20,
+                            temperature=0.0, policy=FixedDraftLength(0), eos_token_id=NO_EOS, guard=False)
+    assert out.tokens == cycle[40:60] and out.stats.accepted > 0 and out.stats.rounds < 20
+    assert len(calls) == 1  # the prompt's pass
