@@ -11,6 +11,7 @@ that names all of them (:func:`calibration_key`). ``specdec_fast.decoding.calibr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -27,18 +28,22 @@ from .costs import CostModel, expected_tokens, interpolate
 CALIBRATION_VERSION = 1  # bump when what is measured, or how, changes: older files are measured again
 
 
+@functools.cache
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` says."""
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith(("model name", "Model")):
-                return line.split(":", 1)[1].strip()
+        with open("/proc/cpuinfo") as lines:
+            for line in lines:
+                if line.startswith(("model name", "Model")):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return platform.processor() or platform.machine()
 
 
+@functools.cache
 def library_version() -> str:
+    """The installed version (read once: asking the package metadata costs ~2 ms)."""
     try:
         return metadata.version("specdec_fast")
     except metadata.PackageNotFoundError:

@@ -107,12 +107,17 @@ class CostAwarePolicy(SpeculativePolicy):
     round that may draft is a probe, so alpha soon rests on a measurement (see ``token_acceptance``). No probe is
     made where the current costs say drafting would lose even if every draft were accepted
     (a large batch on a CPU): there is nothing to find out.
+
+    ``calibrate``: start from the costs a loop measured where it runs (``use_calibration``), the
+    given ``costs`` being only a prior (the shipped policy's); False keeps ``costs`` as given (a
+    cost model of your own).
     """
 
     def __init__(self, predictor: AcceptancePredictor, costs: CostModel, verifier: str = "token",
-                 max_draft_tokens: int = 8, probe_every: int = 16):
+                 max_draft_tokens: int = 8, probe_every: int = 16, calibrate: bool = True):
         super().__init__(max_draft_tokens)
         self.predictor, self.costs, self.block = predictor.eval(), costs, verifier == "block"
+        self.calibrate = calibrate
         self.probe_every = probe_every
         self.alpha_sum, self.alpha_weight = 0.5 * PRIOR_TOKENS, PRIOR_TOKENS  # see token_acceptance
         self.batch_probed = False
@@ -126,7 +131,7 @@ class CostAwarePolicy(SpeculativePolicy):
         """Start from the costs measured where the loop runs (the shipped priors were measured on
         another machine); once per calibration, so that a policy kept across generations keeps what
         it has learnt since."""
-        if calibration is None or calibration.key == self.calibrated:
+        if not self.calibrate or calibration is None or calibration.key == self.calibrated:
             return
         self.calibrated, self.costs = calibration.key, calibration.cost_model()
         self.tokens, self.seconds = 1.0, self.costs.target(1)

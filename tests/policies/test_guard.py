@@ -15,7 +15,9 @@ from specdec_fast.decoding.calibrate import calibrate, calibration_for, key_for
 from specdec_fast.drafts import Hybrid, PromptLookup
 from specdec_fast.policies.baselines import FixedDraftLength
 from specdec_fast.policies.calibration import Calibration, calibration_path, load_calibration
+from specdec_fast.policies.costs import CostModel
 from specdec_fast.policies.guard import SpeculationGuard
+from specdec_fast.policies.learned import AcceptancePredictor, CostAwarePolicy
 
 from helpers.distribution import chi_square, sequence_counts
 from helpers.markov import bigram_joint, bigram_pair
@@ -111,6 +113,16 @@ def test_calibration_round_trips_through_json():
     assert json.loads(c.to_json())["plain_round_s"] == 1.0
     assert c.round_s(0) == 1.0 and c.round_s(4) == pytest.approx(1.3 + 4 * 0.1 + 0.05)
     assert c.rate(1.0, 4) == pytest.approx(5 / c.round_s(4))
+
+
+def test_the_cost_aware_policy_starts_from_the_calibration_unless_its_costs_are_its_own():
+    prior = CostModel(1e-4, {1: 1e-3, 2: 1.1e-3})
+    shipped_like = CostAwarePolicy(AcceptancePredictor(), prior)
+    own = CostAwarePolicy(AcceptancePredictor(), prior, calibrate=False)
+    for policy in (shipped_like, own):
+        policy.use_calibration(made_up())
+    assert shipped_like.costs.target(1) == pytest.approx(1.0) and shipped_like.costs.target(9) == pytest.approx(1.75)
+    assert own.costs is prior
 
 
 def test_calibrate_takes_a_lookup_and_a_hybrid(tmp_path, monkeypatch):
