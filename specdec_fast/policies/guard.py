@@ -16,14 +16,24 @@ draft a single token (the cheapest drafting round, which measures the draft's ac
 waits twice as long after each probe that does not bring drafting back (up to ``max_gap``). Drafting
 comes back when the probe paid and, with a calibration, when the rounds the policy asks for would
 pay at the acceptance measured so far: E[N](alpha, k) tokens against the calibrated seconds of
-such a round. A loop's first drafting round is such a probe too, so a draft that cannot pay costs
-one cheap round, not several long ones.
+such a round, alpha counting the drafts of past periods too (with a prior of half a token in
+one: one lucky probe is not an acceptance of 1). Drafting comes back slowly: two tokens after the
+probe's one, then twice as many after each round that paid, up to the policy's length. A
+period that comes back and loses overall (its probe's gain and its rounds' values summed)
+doubles the gap as a failed probe does; only one that paid sets it back to ``probe_every``.
+A probe is not free (a feature draft catches up on the tokens it skipped: a probe of one token
+cost 1.5-2.2 plain rounds on a 2-core EPYC), so the gap after a probe that lost v tokens is at
+least v / ``probe_budget`` rounds: probes that do not pay cost at most that share of the time.
+A loop's first drafting round is a probe too, so a draft that cannot pay costs one cheap round,
+not several long ones.
 
 The guard reads past rounds only, never the current round's target output, so it changes how
 many tokens are drafted, not which are accepted: the output law is the target's.
 """
 
 from __future__ import annotations
+
+import math
 
 from .calibration import Calibration
 from .costs import expected_tokens
@@ -40,12 +50,14 @@ class SpeculationGuard:
     """
 
     def __init__(self, calibration: Calibration | None = None, probe_every: int = 16, max_gap: int = 256,
-                 patience: int = 2, smoothing: float = 0.7):
+                 patience: int = 2, smoothing: float = 0.7, memory: float = 0.9, probe_budget: float = 0.01):
         self.calibration, self.probe_every, self.max_gap = calibration, probe_every, max_gap
-        self.patience, self.smoothing = patience, smoothing
+        self.patience, self.smoothing, self.memory, self.probe_budget = patience, smoothing, memory, probe_budget
+        self.limit = 1  # the most a drafting round may draft now (doubling from the probe's one)
         self.plain_s: dict[int, float] = {}  # rows -> running seconds of a plain round, as measured
         self.value, self.rounds = 0.0, 0  # running value of this drafting period, and its rounds
-        self.accepted, self.drafted = 0.0, 0.0  # decaying sums of accepted and drafted tokens
+        self.total = 0.0  # the value of this drafting period summed, its probe's included
+        self.accepted, self.drafted = 0.0, 0.0  # sums of accepted and drafted tokens, decaying by memory per drafting round
         self.drafting, self.probing, self.asked = False, False, 0
         self.waited, self.gap = probe_every, 0  # plain rounds since drafting stopped; plain rounds until the next probe
 
@@ -61,8 +73,9 @@ class SpeculationGuard:
 
     @property
     def acceptance(self) -> float:
-        """Per-token acceptance of the drafts so far (0.5 before any)."""
-        return self.accepted / self.drafted if self.drafted else 0.5
+        """Per-token acceptance of the drafts so far, with a prior of half a token accepted of one
+        (0.5 before any draft)."""
+        return (self.accepted + 0.5) / (self.drafted + 1.0)
 
     def pays(self, k: int, rows: int) -> bool:
         """Would rounds of up to k drafts per row pay at the acceptance measured so far, by the
@@ -79,7 +92,7 @@ class SpeculationGuard:
             return 0
         self.asked = k
         if self.drafting:
-            return k
+            return min(k, self.limit)
         self.waited += 1
         if self.waited > self.gap:
             self.probing = True
@@ -95,16 +108,30 @@ class SpeculationGuard:
         plain = self.plain(rows)
         if plain is None:
             return
-        self.accepted, self.drafted = a * self.accepted + accepted, a * self.drafted + drafted
+        m = self.memory
+        self.accepted, self.drafted = m * self.accepted + accepted, m * self.drafted + drafted
         value = emitted - rows * seconds / plain
         if self.probing:  # one cheap round, judged alone; drafting resumes if the rounds asked for would pay too
             self.probing, self.waited = False, 0
             if value >= 0 and self.pays(self.asked, rows):
-                self.drafting, self.value, self.rounds, self.gap = True, 0.0, 0, self.probe_every
+                self.drafting, self.value, self.rounds, self.total, self.limit = True, 0.0, 0, value, 2
             else:
-                self.gap = min(2 * self.gap, self.max_gap) if self.gap else self.probe_every
+                self.longer_gap(value)
             return
         self.value = a * self.value + (1 - a) * value if self.rounds else value
-        self.rounds += 1
+        self.rounds, self.total = self.rounds + 1, self.total + value
+        if value >= 0:
+            self.limit = min(2 * self.limit, max(self.asked, 1))
         if self.rounds >= self.patience and self.value < 0:
             self.drafting, self.waited, self.rounds = False, 0, 0
+            if self.total >= 0:
+                self.gap = self.probe_every
+            else:
+                self.longer_gap(self.total)
+
+    def longer_gap(self, value: float) -> None:
+        """Drafting that did not pay (``value`` tokens, its gain): wait twice as long for the next
+        probe (``probe_every`` after the loop's first probe), and at least what the loss buys at
+        ``probe_budget``, up to ``max_gap``."""
+        doubled = 2 * self.gap if self.gap else self.probe_every
+        self.gap = min(max(doubled, math.ceil(-value / self.probe_budget)), self.max_gap)

@@ -45,7 +45,7 @@ def run(guard: SpeculationGuard, rounds: int, emitted_if_drafting: int, drafting
 
 
 def test_drafting_that_loses_stops_after_a_cheap_probe_and_probes_thin_out():
-    guard = SpeculationGuard(made_up(), probe_every=4, max_gap=16)
+    guard = SpeculationGuard(made_up(), probe_every=4, max_gap=16, probe_budget=1.0)
     allowed = run(guard, 80, emitted_if_drafting=1, drafting_seconds=1.3)  # a round of 1 token in 1.3 plain rounds
     probes = [i for i, n in enumerate(allowed) if n]
     assert allowed[0] == 1 and all(allowed[i] == 1 for i in probes)  # every drafting round is a one-token probe
@@ -53,10 +53,19 @@ def test_drafting_that_loses_stops_after_a_cheap_probe_and_probes_thin_out():
     assert gaps == sorted(gaps) and gaps[0] == 4 and gaps[-1] == 16  # doubling, capped
 
 
+def test_probes_that_lose_more_wait_longer():
+    """A probe that lost 0.3 tokens (1 token in 1.3 plain rounds) at a budget of 1% of the time:
+    the next one comes after at least 30 plain rounds, not probe_every."""
+    guard = SpeculationGuard(made_up(), probe_every=4, max_gap=256, probe_budget=0.01)
+    allowed = run(guard, 100, emitted_if_drafting=1, drafting_seconds=1.3)
+    probes = [i for i, n in enumerate(allowed) if n]
+    assert probes[0] == 0 and 30 <= probes[1] - probes[0] - 1 <= 31
+
+
 def test_drafting_that_pays_keeps_the_policys_length():
     guard = SpeculationGuard(made_up(), probe_every=4)
     allowed = run(guard, 40, emitted_if_drafting=4, drafting_seconds=1.5, accepted_if_drafting=3)
-    assert allowed[0] == 1 and allowed[1:] == [4] * 39
+    assert allowed[0] == 1 and allowed[1:] == [2] + [4] * 38  # the probe, then doubling up to the policy's length
 
 
 def test_drafting_that_starts_to_lose_stops_once_its_running_value_is_negative():
@@ -65,6 +74,25 @@ def test_drafting_that_starts_to_lose_stops_once_its_running_value_is_negative()
     assert guard.drafting
     allowed = run(guard, 6, emitted_if_drafting=1, drafting_seconds=2.0)  # then -1: the running value 2.5 0.7^n - (1 - 0.7^n)
     assert allowed == [4, 4, 4, 4, 0, 0]
+
+
+def test_lucky_probes_followed_by_losing_rounds_thin_out_too():
+    """Probes that pay (their one token accepted, cheaply) bring drafting back, and the rounds
+    after them lose more than the probe gained: each such period doubles the gap, as a failed
+    probe does, instead of probing again after probe_every."""
+    guard = SpeculationGuard(made_up(), probe_every=4, max_gap=32, probe_budget=1.0)
+    starts = []
+    for i in range(200):
+        n = guard.allow(4)
+        if n == 1:
+            starts.append(i)
+            guard.observe(True, 1, 1, 2, 1.0)  # worth 1 token
+        elif n:
+            guard.observe(True, n, 0, 1, 3.0)  # worth -2 tokens
+        else:
+            guard.observe(False, 0, 0, 1, 1.0)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert len(gaps) >= 4 and gaps[0] < gaps[1] < gaps[2] and min(gaps[3:]) > 4 * gaps[0]
 
 
 def test_a_probe_that_pays_does_not_resume_where_the_asked_rounds_would_not():
