@@ -23,7 +23,9 @@ period that comes back and loses overall (its probe's gain and its rounds' value
 doubles the gap as a failed probe does; only one that paid sets it back to ``probe_every``.
 A probe is not free (a feature draft catches up on the tokens it skipped: a probe of one token
 cost 1.5-2.2 plain rounds on a 2-core EPYC), so the gap after a probe that lost v tokens is at
-least v / ``probe_budget`` rounds: probes that do not pay cost at most that share of the time.
+least v / ``probe_budget`` rounds: probes that do not pay cost at most that share of the time
+(a period's loss only doubles the gap: a lookup's long rounds can lose tokens where its probe,
+a pass over two tokens, costs little).
 A loop's first drafting round is a probe too, so a draft that cannot pay costs one cheap round,
 not several long ones.
 
@@ -126,8 +128,8 @@ class SpeculationGuard:
             self.drafting, self.waited, self.rounds = False, 0, 0
             if self.total >= 0:
                 self.gap = self.probe_every
-            else:
-                self.longer_gap(self.total)
+            else:  # doubled only: a lookup's long rounds can lose tokens where its probe costs little
+                self.longer_gap(0.0)
 
     def longer_gap(self, value: float) -> None:
         """Drafting that did not pay (``value`` tokens, its gain): wait twice as long for the next
