@@ -102,9 +102,8 @@ def batch_generate(
         running = [requests[b] for b in active]
         longest = max(r.remaining for r in running) - 1
         k = min(policy.begin_round(longest, len(active)), longest) if draft_lm is not None else 0
-        allowed = drafting_allowed(guard, k, draft, len(active))
-        k = min(k, allowed)
-        done = speculative_round(target_lm, draft_lm, running, k, sampling.rows(active), verifier, eos, lookups=allowed > 0)
+        k, lookups = drafting_allowed(guard, k, draft, len(active))
+        done = speculative_round(target_lm, draft_lm, running, k, sampling.rows(active), verifier, eos, lookups=lookups)
         draft_lengths.append(k)
         still = [b for b, (r, tokens) in enumerate(zip(running, done.committed)) if tokens[-1] not in eos and r.remaining]
         for b in set(range(len(active))) - set(still):

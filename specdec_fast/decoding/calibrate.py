@@ -163,9 +163,10 @@ def loop_costs(target, draft, policy: DraftPolicy, lean: str, guard: bool, num_d
     return draft, (SpeculationGuard(calibration) if guard else None)
 
 
-def drafting_allowed(guard: SpeculationGuard | None, k: int, draft, rows: int = 1) -> int:
-    """The most tokens this round may draft, from the policy's k: a hybrid's round may look up
-    whatever its model's policy says (its chooser weighs each lookup), so it asks for at least one;
-    the guard (if any) allows that, a one-token probe, or nothing."""
+def drafting_allowed(guard: SpeculationGuard | None, k: int, draft, rows: int = 1) -> tuple[int, bool]:
+    """(the model's draft length this round, whether a hybrid may look up), from the policy's k: a
+    hybrid's round may look up whatever its model's policy says (its chooser weighs each lookup),
+    so it asks for at least one; the guard (if any) allows that, a one-token probe, or nothing."""
     asked = max(k, 1) if isinstance(draft, Hybrid) else k
-    return guard.allow(asked, rows) if guard is not None else asked
+    allowed = guard.allow(asked, rows) if guard is not None else asked
+    return min(k, allowed), allowed > 0

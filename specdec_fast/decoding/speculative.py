@@ -121,11 +121,11 @@ def fast_generate(
 
     while seq.remaining > 0:
         k = min(policy.begin_round(seq.remaining - 1), seq.remaining - 1)
-        allowed = drafting_allowed(guard, k, draft)
+        k, lookups = drafting_allowed(guard, k, draft)
         if num_alternatives:
-            r = alternatives_round(one_target, one_draft, seq, min(k, allowed), num_alternatives, sampling, eos, policy)
+            r = alternatives_round(one_target, one_draft, seq, k, num_alternatives, sampling, eos, policy)
         else:
-            r = speculative_round(one_target, one_draft, [seq], min(k, allowed), sampling, verifier, eos, policy, allowed > 0)
+            r = speculative_round(one_target, one_draft, [seq], k, sampling, verifier, eos, policy, lookups)
         drafts, verified, emitted = r.drafts, r.verified, r.committed[0]
         policy.observe(drafts.lens[0], verified.accepted[0], r.draft_s, r.target_s)
         if guard is not None:
