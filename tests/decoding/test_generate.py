@@ -145,7 +145,8 @@ def test_speculative_decoder_accumulates_metrics(tiny_pair):
 
 def test_speculative_decoder_passes_alternatives_on(tiny_pair):
     target, draft = tiny_pair
-    decoder = SpeculativeDecoder(target, draft, num_draft_tokens=2, temperature=0.0, num_alternatives=2)
+    decoder = SpeculativeDecoder(target, draft, num_draft_tokens=2, temperature=0.0, num_alternatives=2,
+                                 guard=False)
     out = decoder.generate(PROMPT, max_new_tokens=12, eos_token_id=NO_EOS)
     assert out.tokens == generate_autoregressive(target, PROMPT, max_new_tokens=12, temperature=0.0, eos_token_id=NO_EOS).tokens
     m = decoder.get_efficiency_metrics()

@@ -46,7 +46,8 @@ def test_greedy_equals_target_greedy(smollm2, draft_kind):
         "self": lambda: model,
     }[draft_kind]()
     ids = chat_prompt_ids(tokenizer, PROMPT, chat=True)
-    ours = fast_generate(model, draft, ids, max_new_tokens=32, temperature=0.0, num_draft_tokens=3, eos_token_id=())
+    ours = fast_generate(model, draft, ids, max_new_tokens=32, temperature=0.0, num_draft_tokens=3, eos_token_id=(),
+                         guard=False)
     baseline = generate_autoregressive(model, ids, max_new_tokens=32, temperature=0.0, eos_token_id=())
     x = torch.tensor([ids])
     hf = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=32, min_new_tokens=32, do_sample=False)[0, len(ids):]
@@ -76,7 +77,7 @@ def test_shipped_feature_draft_batched_greedy_equals_target_greedy():
     target, draft, tokenizer = load_feature_models()
     prompts = [chat_prompt_ids(tokenizer, p, chat=True) for p in (PROMPT, "Hi.", "List three prime numbers.")]
     out = batch_generate(target, draft, input_ids=prompts, max_new_tokens=24, temperature=0.0, num_draft_tokens=2,
-                         eos_token_id=())
+                         eos_token_id=(), guard=False)
     for ids, got in zip(prompts, out.outputs):
         assert got.tokens == generate_autoregressive(target, ids, max_new_tokens=24, temperature=0.0, eos_token_id=()).tokens
     assert sum(o.stats.accepted for o in out.outputs) > 0

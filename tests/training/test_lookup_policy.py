@@ -22,7 +22,7 @@ def test_traces_label_each_looked_up_token():
     for temperature in (0.0, 1.0):
         recorder = LookupRecorder(prompt, temperature, max_tokens=4)
         out = fast_generate(target, PromptLookup(max_tokens=4), prompt, max_new_tokens=30, temperature=temperature, seed=0,
-                            policy=FixedDraftLength(4), on_round=recorder, eos_token_id=NO_EOS)
+                            policy=FixedDraftLength(4), on_round=recorder, eos_token_id=NO_EOS, guard=False)
         assert recorder.ids == prompt + out.tokens  # the replay followed the generation
         features, labels = torch.cat(recorder.features), torch.cat(recorder.labels)
         assert len(labels) == out.stats.drafted and features.shape == (len(labels), len(LOOKUP_FEATURES))
