@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import platform
+import weakref
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -50,21 +51,33 @@ def library_version() -> str:
         return "source"
 
 
+_IDENTITIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (layout, identity)
+
+
 def model_identity(model) -> str:
     """A digest that tells two models apart: the class, the config and a sample of the weights (the
-    first and last 64 values of the first and last parameter), so that a retrained or another
-    checkpoint of the same architecture is calibrated anew."""
+    first and last 64 values of the first and last parameter), so that another checkpoint of the
+    same architecture is calibrated anew. Computed once per model object (serialising the config
+    costs ~1 ms a call) and again when its parameters' number, shapes, dtypes or devices change."""
+    parameters = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    ends = parameters[:1] + parameters[-1:]
+    layout = (len(parameters), *((tuple(p.shape), p.dtype, p.device) for p in ends))
+    cached = _IDENTITIES.get(model) if isinstance(model, torch.nn.Module) else None
+    if cached is not None and cached[0] == layout:
+        return cached[1]
     digest = hashlib.sha256(type(model).__name__.encode())
     config = getattr(model, "config", None)
     if config is not None:
         digest.update(config.to_json_string(use_diff=False).encode() if hasattr(config, "to_json_string") else repr(config).encode())
-    parameters = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-    for p in parameters[:1] + parameters[-1:]:
+    for p in ends:
         digest.update(f"{tuple(p.shape)}{p.dtype}{p.device.type}".encode())
         if p.device.type != "meta":  # a model with no data yet has nothing more to tell
             flat = p.detach().reshape(-1)
             digest.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
+    identity = digest.hexdigest()[:16]
+    if isinstance(model, torch.nn.Module):
+        _IDENTITIES[model] = (layout, identity)
+    return identity
 
 
 def calibration_key(target: str, precision: str, draft: str, build: dict, threads: int | None = None) -> dict:

@@ -14,7 +14,7 @@ from specdec_fast import fast_generate, generate_autoregressive
 from specdec_fast.decoding.calibrate import calibrate, calibration_for, key_for
 from specdec_fast.drafts import Hybrid, PromptLookup
 from specdec_fast.policies.baselines import FixedDraftLength
-from specdec_fast.policies.calibration import Calibration, calibration_path, load_calibration
+from specdec_fast.policies.calibration import Calibration, calibration_path, load_calibration, model_identity
 from specdec_fast.policies.costs import CostModel
 from specdec_fast.policies.guard import SpeculationGuard
 from specdec_fast.policies.learned import AcceptancePredictor, CostAwarePolicy
@@ -133,6 +133,18 @@ def test_calibration_measures_the_path_and_is_stored_under_its_key(tmp_path, mon
     assert measured.key["threads"] == torch.get_num_threads() and measured.key["build"]["isa"]
     calibration_path(measured.key).write_text("{not json")
     assert load_calibration(measured.key) is None
+
+
+def test_a_models_identity_is_kept_until_its_layout_changes():
+    """Another checkpoint of the same architecture is another model; the same object keeps its
+    identity (read once) until its dtype changes."""
+    model, other = tiny_llama(30, vocab=32), tiny_llama(31, vocab=32)
+    first = model_identity(model)
+    assert model_identity(model) == first and model_identity(other) != first
+    model.to(torch.float64)
+    assert model_identity(model) != first
+    model.to(torch.float32)
+    assert model_identity(model) == first
 
 
 def test_calibration_round_trips_through_json():
