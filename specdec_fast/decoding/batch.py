@@ -114,7 +114,7 @@ def batch_generate(
         # The policy is charged the whole round: drafting, then everything after it.
         policy.observe(k, sum(done.verified.accepted) / len(active), done.draft_s, done.target_s, len(active))
         if guard is not None:
-            guard.observe(done.drafts.passes > 0, sum(done.drafts.lens), sum(done.verified.accepted), sum(map(len, done.committed)),
+            guard.observe(done.drafts.spent, sum(done.drafts.lens), sum(done.verified.accepted), sum(map(len, done.committed)),
                           done.draft_s + done.target_s, len(active))
         active = [active[b] for b in still]
 

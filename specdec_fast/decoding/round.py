@@ -49,6 +49,12 @@ class Drafts:
     withheld: bool = False  # the policy declined to verify the first drafted token
     point_mass: Tensor | None = None
 
+    @property
+    def spent(self) -> bool:
+        """Whether the round spent drafting work: it drafted a token, or its draft pass ran and the
+        policy withheld the token. A lookup that found nothing spent nothing: its round is a plain one."""
+        return self.withheld or any(self.lens)
+
     def dense_probs(self, vocab: int) -> Tensor:
         """probs [B, k, V], with the point-mass rows one-hot (for callbacks that read q)."""
         if self.probs is not None and self.point_mass is None:

@@ -129,7 +129,7 @@ def fast_generate(
         drafts, verified, emitted = r.drafts, r.verified, r.committed[0]
         policy.observe(drafts.lens[0], verified.accepted[0], r.draft_s, r.target_s)
         if guard is not None:
-            guard.observe(drafts.passes > 0, drafts.lens[0], verified.accepted[0], len(emitted), r.draft_s + r.target_s)
+            guard.observe(drafts.spent, drafts.lens[0], verified.accepted[0], len(emitted), r.draft_s + r.target_s)
         if on_round is not None:
             on_round(verified.target_logits[0], drafts.dense_probs(verified.target_logits.shape[-1])[0], drafts.tokens[0],
                      verified.out)

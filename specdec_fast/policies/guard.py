@@ -26,6 +26,8 @@ cost 1.5-2.2 plain rounds on a 2-core EPYC), so the gap after a probe that lost 
 least v / ``probe_budget`` rounds: probes that do not pay cost at most that share of the time
 (a period's loss only doubles the gap: a lookup's long rounds can lose tokens where its probe,
 a pass over two tokens, costs little).
+A round that spent nothing on drafting (a lookup that found nothing to propose) is timed as a
+plain round and judges nothing: a probe stays pending until the lookup proposes.
 A loop's first drafting round is a probe too, so a draft that cannot pay costs one cheap round,
 not several long ones.
 
@@ -46,8 +48,8 @@ class SpeculationGuard:
 
     ``allow(k, rows)`` -> the draft length to use this round (k, 1 for a probe, or 0 while held
     off); the loop then reports the round with ``observe(spent, drafted, accepted, emitted,
-    seconds, rows)``: spent, whether it ran the draft (a draft pass spent, even on a withheld
-    token); drafted and accepted, draft tokens over its rows; emitted, the tokens it emitted over
+    seconds, rows)``: spent, whether the round spent drafting work (a token drafted, or a draft
+    pass run for a token the policy withheld); drafted and accepted, draft tokens over its rows; emitted, the tokens it emitted over
     its rows; seconds, its wall time.
     """
 

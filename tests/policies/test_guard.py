@@ -12,6 +12,7 @@ import torch
 
 from specdec_fast import fast_generate, generate_autoregressive
 from specdec_fast.decoding.calibrate import calibrate, calibration_for, key_for
+from specdec_fast.decoding.round import Drafts
 from specdec_fast.drafts import Hybrid, PromptLookup
 from specdec_fast.policies.baselines import FixedDraftLength
 from specdec_fast.policies.calibration import Calibration, calibration_path, load_calibration, model_identity
@@ -60,6 +61,25 @@ def test_probes_that_lose_more_wait_longer():
     allowed = run(guard, 100, emitted_if_drafting=1, drafting_seconds=1.3)
     probes = [i for i, n in enumerate(allowed) if n]
     assert probes[0] == 0 and 30 <= probes[1] - probes[0] - 1 <= 31
+
+
+def test_a_probe_stays_pending_while_a_lookup_finds_nothing():
+    """Rounds that spent nothing on drafting (the lookup found nothing) are plain rounds: the probe
+    is asked again each round until the lookup proposes, and then judged."""
+    guard = SpeculationGuard(made_up(), probe_every=4)
+    assert guard.allow(4) == 1  # the loop's first drafting round is a probe
+    for _ in range(3):
+        guard.observe(False, 0, 0, 1, 1.0)  # nothing found: no draft
+        assert guard.allow(4) == 1
+    guard.observe(True, 1, 1, 2, 1.1)  # it proposed and paid
+    assert guard.allow(4) == 2
+
+
+def test_drafts_spend_when_they_draft_or_withhold_not_when_a_lookup_finds_nothing():
+    empty = torch.zeros(1, 0, dtype=torch.int64)
+    assert not Drafts(empty, None, [0], passes=1).spent  # a lookup's round with no match
+    assert Drafts(empty, None, [0], passes=1, withheld=True).spent  # a draft pass, its token withheld
+    assert Drafts(torch.zeros(2, 1, dtype=torch.int64), None, [0, 1], passes=1).spent
 
 
 def test_drafting_that_pays_keeps_the_policys_length():
