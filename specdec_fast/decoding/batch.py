@@ -17,7 +17,7 @@ from ..drafts.binding import batched_pair
 from ..drafts.lookup import remember
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
-from .calibrate import loop_costs
+from .calibrate import drafting_allowed, loop_costs
 from .config import generation_settings
 from .outputs import BatchGenerationOutput, GenerationOutput, GenerationStats
 from .requests import Request, batch_prompt_ids, check_budget, check_policy, decode_text
@@ -80,7 +80,7 @@ def batch_generate(
     policy = policy if policy is not None else FixedDraftLength(num_draft_tokens)
     check_policy(policy, draft)
     if draft is not None:
-        draft, guard = loop_costs(target, draft, policy, lean, guard, num_draft_tokens, one_sequence=False)
+        draft, guard = loop_costs(target, draft, policy, lean, guard, num_draft_tokens)
     target_lm, draft_lm = batched_pair(target, draft, batch, lean)
     for prompt, budget in zip(ids, settings.max_new_tokens):
         check_budget(prompt, budget, [lm for lm in (target_lm, draft_lm) if lm is not None])
@@ -102,7 +102,7 @@ def batch_generate(
         running = [requests[b] for b in active]
         longest = max(r.remaining for r in running) - 1
         k = min(policy.begin_round(longest, len(active)), longest) if draft_lm is not None else 0
-        k, lookups = guard.allow(k, len(active)) if guard is not None else (k, None)
+        k, lookups = drafting_allowed(guard, k, draft, len(active))
         done = speculative_round(target_lm, draft_lm, running, k, sampling.rows(active), verifier, eos, lookups=lookups)
         draft_lengths.append(k)
         still = [b for b, (r, tokens) in enumerate(zip(running, done.committed)) if tokens[-1] not in eos and r.remaining]
@@ -114,8 +114,8 @@ def batch_generate(
         # The policy is charged the whole round: drafting, then everything after it.
         policy.observe(k, sum(done.verified.accepted) / len(active), done.draft_s, done.target_s, len(active))
         if guard is not None:
-            guard.observe(done.drafts, sum(done.verified.accepted), sum(map(len, done.committed)), done.draft_s + done.target_s,
-                          len(active))
+            guard.observe(done.drafts.spent, sum(done.drafts.lens), sum(done.verified.accepted), sum(map(len, done.committed)),
+                          done.draft_s + done.target_s, len(active))
         active = [active[b] for b in still]
 
     remember(draft, [r.ids for r in requests])

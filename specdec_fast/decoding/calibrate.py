@@ -16,7 +16,6 @@ import functools
 import json
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -36,7 +35,7 @@ from ..policies.shipped import default_sources
 from ..policies.sources import CostAwareSources
 from .outputs import GenerationStats
 from .requests import Request
-from .round import Drafts, load_kernels, prefill, speculative_round
+from .round import load_kernels, prefill, speculative_round
 
 MAX_CALIBRATED = 16  # the longest draft a calibration times
 CONTEXT = 32  # cached tokens before the timed passes and rounds (the rounds then lengthen it)
@@ -149,52 +148,25 @@ def drafted_at_most(policy: DraftPolicy, draft, num_draft_tokens: int) -> int:
     return min(MAX_CALIBRATED, max(k, draft.lookup.max_tokens if isinstance(draft, Hybrid) else 0, 1))
 
 
-def loop_costs(target, draft, policy: DraftPolicy, lean: str, guard: bool, num_draft_tokens: int,
-               one_sequence: bool = True):
+def loop_costs(target, draft, policy: DraftPolicy, lean: str, guard: bool, num_draft_tokens: int):
     """What a loop sets up from the costs measured where it runs: the calibration (stored, or
     measured now) handed to the policy and to a :class:`~specdec_fast.drafts.hybrid.Hybrid`'s
     chooser, which is made here when the hybrid has none and no ``rule`` (the shipped acceptance
-    model of lookups, weighed by cost); returns (the draft, with that chooser, and its
-    :class:`LoopGuards`, or None without ``guard``)."""
+    model of lookups, weighed by cost); returns (the draft, with that chooser, and the
+    :class:`~specdec_fast.policies.guard.SpeculationGuard`, or None without ``guard``)."""
     calibration = calibration_for(target, draft, lean, drafted_at_most(policy, draft, num_draft_tokens))
     if isinstance(draft, Hybrid) and draft.chooser is None and not draft.rule:
         draft = dataclasses.replace(draft, chooser=default_sources())
     if isinstance(draft, Hybrid) and isinstance(draft.chooser, CostAwareSources):
         draft.chooser.use_calibration(calibration)
     policy.use_calibration(calibration)
-    if not guard:
-        return draft, None
-    apart = isinstance(draft, Hybrid) and one_sequence
-    return draft, LoopGuards(draft, SpeculationGuard(calibration), SpeculationGuard(calibration) if apart else None)
+    return draft, (SpeculationGuard(calibration) if guard else None)
 
 
-@dataclass
-class LoopGuards:
-    """The :class:`~specdec_fast.policies.guard.SpeculationGuard` of a loop over ``draft``. ``model``
-    weighs the rounds the draft drafts; for a hybrid decoding one sequence, ``lookup`` weighs the
-    rounds its lookup drafts apart (None otherwise: a batch's rounds mix both sources), so that a
-    failed probe of its model (a feature draft's costs 1.5-2.2 plain rounds) does not hold off a
-    lookup whose rounds pay, nor a lookup's losing run the model."""
-
-    draft: object
-    model: SpeculationGuard
-    lookup: SpeculationGuard | None = None
-
-    def allow(self, k: int, rows: int = 1) -> tuple[int, int | None]:
-        """(the model's draft length this round, the most tokens a hybrid may look up: None for its
-        own allowance, 0 for none), from the policy's k. With one guard, a hybrid's round may look up
-        whatever its model's policy says (its chooser weighs each lookup), so it asks for at least one."""
-        if self.lookup is not None:
-            return self.model.allow(k, rows), self.lookup.allow(self.draft.lookup.max_tokens, rows)
-        asked = max(k, 1) if isinstance(self.draft, Hybrid) else k
-        allowed = self.model.allow(asked, rows)
-        return min(k, allowed), (None if allowed else 0)
-
-    def observe(self, drafts: Drafts, accepted: int, emitted: int, seconds: float, rows: int = 1) -> None:
-        """Report a round (``accepted`` and ``emitted``: tokens over its rows) to the guard of the
-        source that drafted it; a round that spent nothing on drafting is timed by both."""
-        looked_up = self.lookup is not None and drafts.point_mass is not None and any(drafts.lens)
-        spent = drafts.spent
-        guards = [self.lookup] if looked_up else [self.model] if spent else [g for g in (self.model, self.lookup) if g]
-        for guard in guards:
-            guard.observe(spent, sum(drafts.lens), accepted, emitted, seconds, rows)
+def drafting_allowed(guard: SpeculationGuard | None, k: int, draft, rows: int = 1) -> tuple[int, bool]:
+    """(the model's draft length this round, whether a hybrid may look up), from the policy's k: a
+    hybrid's round may look up whatever its model's policy says (its chooser weighs each lookup),
+    so it asks for at least one; the guard (if any) allows that, a one-token probe, or nothing."""
+    asked = max(k, 1) if isinstance(draft, Hybrid) else k
+    allowed = guard.allow(asked, rows) if guard is not None else asked
+    return min(k, allowed), allowed > 0

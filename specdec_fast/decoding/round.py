@@ -268,16 +268,15 @@ def plain_round(target: BatchedCachedLM, seqs: list[Request], sampling: Sampling
 
 def speculative_round(target: BatchedCachedLM, draft: BatchedCachedLM | None, seqs: list[Request], k: int,
                       sampling: SamplingParams, verifier: str, eos: set[int], policy: DraftPolicy | None = None,
-                      lookups: int | None = None) -> Round:
+                      lookups: bool = True) -> Round:
     """One round for ``seqs`` (the rows both caches hold, in order), drafting up to k tokens each
-    (fewer where the budget ends; ``draft=None`` or k = 0: none), and whatever a hybrid's chooser
-    looks up, up to ``lookups`` tokens (None: the hybrid's own allowance; 0: no lookup), at k = 0
-    too: the model's policy declining does not stop a lookup that pays. ``policy``: ask it token by token (one sequence). A round that drafts nothing is
+    (fewer where the budget ends; ``draft=None`` or k = 0: none), and, with ``lookups``, whatever a
+    hybrid's chooser looks up (at k = 0 too: the model's policy declining does not stop a lookup
+    that pays). ``policy``: ask it token by token (one sequence). A round that drafts nothing is
     :func:`plain_round`, one whose drafts all stop before the first token takes :func:`plain_step`.
     Adds the round's counts and seconds to each sequence's stats."""
     lens = [min(k, s.remaining - 1) if draft is not None else 0 for s in seqs]
-    lookup = getattr(draft, "lookup_tokens", 0)  # a hybrid's looked-up rows may draft more than k
-    lookup = lookup if lookups is None else min(lookup, lookups)
+    lookup = getattr(draft, "lookup_tokens", 0) if lookups else 0  # a hybrid's looked-up rows may draft more than k
     if not max(lens, default=0) and not lookup:
         return plain_round(target, seqs, sampling, eos)
     start = time.perf_counter()

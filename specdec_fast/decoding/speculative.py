@@ -15,7 +15,7 @@ from ..models.batched_lm import BatchedCachedLM, OneSequence
 from ..policies.baselines import FixedDraftLength
 from ..policies.mdp import DraftPolicy
 from .alternatives import alternatives_round, check_alternatives
-from .calibrate import loop_costs
+from .calibrate import drafting_allowed, loop_costs
 from .config import generation_settings
 from .outputs import GenerationOutput, GenerationStats
 from .requests import Request, check_budget, check_policy, decode_text, prompt_ids
@@ -121,7 +121,7 @@ def fast_generate(
 
     while seq.remaining > 0:
         k = min(policy.begin_round(seq.remaining - 1), seq.remaining - 1)
-        k, lookups = guard.allow(k) if guard is not None else (k, None)
+        k, lookups = drafting_allowed(guard, k, draft)
         if num_alternatives:
             r = alternatives_round(one_target, one_draft, seq, k, num_alternatives, sampling, eos, policy)
         else:
@@ -129,7 +129,7 @@ def fast_generate(
         drafts, verified, emitted = r.drafts, r.verified, r.committed[0]
         policy.observe(drafts.lens[0], verified.accepted[0], r.draft_s, r.target_s)
         if guard is not None:
-            guard.observe(drafts, verified.accepted[0], len(emitted), r.draft_s + r.target_s)
+            guard.observe(drafts.spent, drafts.lens[0], verified.accepted[0], len(emitted), r.draft_s + r.target_s)
         if on_round is not None:
             on_round(verified.target_logits[0], drafts.dense_probs(verified.target_logits.shape[-1])[0], drafts.tokens[0],
                      verified.out)
