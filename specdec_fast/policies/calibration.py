@@ -54,15 +54,15 @@ def library_version() -> str:
 _IDENTITIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> (layout, identity)
 
 
-def model_identity(model) -> str:
+def model_identity(model: torch.nn.Module) -> str:
     """A digest that tells two models apart: the class, the config and a sample of the weights (the
     first and last 64 values of the first and last parameter), so that another checkpoint of the
     same architecture is calibrated anew. Computed once per model object (serialising the config
     costs ~1 ms a call) and again when its parameters' number, shapes, dtypes or devices change."""
-    parameters = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    parameters = list(model.parameters())
     ends = parameters[:1] + parameters[-1:]
     layout = (len(parameters), *((tuple(p.shape), p.dtype, p.device) for p in ends))
-    cached = _IDENTITIES.get(model) if isinstance(model, torch.nn.Module) else None
+    cached = _IDENTITIES.get(model)
     if cached is not None and cached[0] == layout:
         return cached[1]
     digest = hashlib.sha256(type(model).__name__.encode())
@@ -74,10 +74,8 @@ def model_identity(model) -> str:
         if p.device.type != "meta":  # a model with no data yet has nothing more to tell
             flat = p.detach().reshape(-1)
             digest.update(torch.cat([flat[:64], flat[-64:]]).float().cpu().numpy().tobytes())
-    identity = digest.hexdigest()[:16]
-    if isinstance(model, torch.nn.Module):
-        _IDENTITIES[model] = (layout, identity)
-    return identity
+    _IDENTITIES[model] = (layout, digest.hexdigest()[:16])
+    return _IDENTITIES[model][1]
 
 
 def calibration_key(target: str, precision: str, draft: str, build: dict, threads: int | None = None) -> dict:

@@ -49,8 +49,8 @@ class SpeculationGuard:
     ``allow(k, rows)`` -> the draft length to use this round (k, 1 for a probe, or 0 while held
     off); the loop then reports the round with ``observe(spent, drafted, accepted, emitted,
     seconds, rows)``: spent, whether the round spent drafting work (a token drafted, or a draft
-    pass run for a token the policy withheld); drafted and accepted, draft tokens over its rows; emitted, the tokens it emitted over
-    its rows; seconds, its wall time.
+    pass run for a token the policy withheld); drafted and accepted, draft tokens over its rows;
+    emitted, the tokens it emitted over its rows; seconds, its wall time.
     """
 
     def __init__(self, calibration: Calibration | None = None, probe_every: int = 16, max_gap: int = 256,
