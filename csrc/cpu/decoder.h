@@ -17,17 +17,21 @@
 #include <vector>
 
 #include "simd.h"
+#include "integer_linear.h"
 #include "skinny_linear.h"
 
 namespace specdec {
 
 // y = x W^T with W [out, in] stored as `kind` says: fp32, bf16, int8 with scale [out], or in
-// blocks (skinny_linear.h: codes, and scale [out, in / 32, 2] or [out, in / 32]).
+// blocks (skinny_linear.h: codes, and scale [out, in / 32, 2] or [out, in / 32]) taken in fp32
+// (kQ4_1, kQ8_0: the fp32 matrix they hold) or against x quantised to 8 bits (kQ4_1Integer,
+// kQ8_0Integer: integer_linear.h).
 struct Linear {
-  enum class Kind { kFloat, kBFloat16, kInt8Rows, kQ4_1, kQ8_0 } kind;
+  enum class Kind { kFloat, kBFloat16, kInt8Rows, kQ4_1, kQ8_0, kQ4_1Integer, kQ8_0Integer } kind;
   const void* weight;
   const float* scale;
   int64_t out, in;
+  bool integer() const { return kind == Kind::kQ4_1Integer || kind == Kind::kQ8_0Integer; }
 };
 
 struct DecoderLayer {
@@ -66,15 +70,18 @@ struct PassTokens {
 };
 
 // Work buffers of a pass (fp32, row-major): h [M, d], qkv [M, (H + 2 Hkv) hd], attn [M, H hd],
-// gate_up [M, 2 I], act [M, I], tmp [M, d].
+// gate_up [M, 2 I], act [M, I], tmp [M, d]; for the integer kinds, room to quantise a linear's
+// input (codes: M max(d, H hd, I) int8; code_scales: QuantizedRows::floats of that), else null.
 struct DecoderScratch {
   float *h, *qkv, *attn, *gate_up, *act, *tmp;
+  int8_t* codes;
+  float* code_scales;
 };
 
 constexpr int64_t kLinearChunk = 16;  // output rows per work item
 
-// Columns [n0, n1) of y [M, out] = x [M, in] L^T.
-inline void linear_columns(const float* x, int64_t M, const Linear& L, float* y, int64_t n0, int64_t n1) {
+// Columns [n0, n1) of y [M, out] = x [M, in] L^T (xq: x quantised, for the integer kinds).
+inline void linear_columns(const float* x, const QuantizedRows& xq, int64_t M, const Linear& L, float* y, int64_t n0, int64_t n1) {
   switch (L.kind) {
     case Linear::Kind::kFloat:
       return skinny_linear(x, M, static_cast<const float*>(L.weight), nullptr, y, L.in, L.out, n0, n1);
@@ -86,18 +93,28 @@ inline void linear_columns(const float* x, int64_t M, const Linear& L, float* y,
       return skinny_linear_blocks<BlockFormat::kQ4_1>(x, M, L.weight, L.scale, y, L.in, L.out, n0, n1);
     case Linear::Kind::kQ8_0:
       return skinny_linear_blocks<BlockFormat::kQ8_0>(x, M, L.weight, L.scale, y, L.in, L.out, n0, n1);
+    case Linear::Kind::kQ4_1Integer:
+      return integer_linear_blocks<BlockFormat::kQ4_1>(xq, M, L.weight, L.scale, y, L.in, L.out, n0, n1);
+    case Linear::Kind::kQ8_0Integer:
+      return integer_linear_blocks<BlockFormat::kQ8_0>(xq, M, L.weight, L.scale, y, L.in, L.out, n0, n1);
   }
 }
 
 // y [M, out] = x [M, in] L^T, output rows split across the team (call inside a parallel
-// region); after(n0, n1) runs on each chunk of output columns once it is done.
+// region); after(n0, n1) runs on each chunk of output columns once it is done. The integer kinds
+// first quantise x's rows into buf's codes and code_scales.
 template <typename After>
-void linear_for(const float* x, int64_t M, const Linear& L, float* y, After after) {
+void linear_for(const float* x, int64_t M, const Linear& L, float* y, const DecoderScratch& buf, After after) {
+  const QuantizedRows codes{buf.codes, buf.code_scales, M, L.in / kBlock};
+  if (L.integer()) {
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < M; ++m) quantize_row(x + m * L.in, m, codes);
+  }
   const int64_t chunks = (L.out + kLinearChunk - 1) / kLinearChunk;
 #pragma omp for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t n0 = c * kLinearChunk, n1 = std::min(L.out, n0 + kLinearChunk);
-    linear_columns(x, M, L, y, n0, n1);
+    linear_columns(x, codes, M, L, y, n0, n1);
     after(n0, n1);
   }
 }
@@ -284,23 +301,23 @@ inline void decoder_pass(float* x, const std::vector<DecoderLayer>& layers, cons
     for (int64_t l = 0; l < static_cast<int64_t>(layers.size()); ++l) {
       const DecoderLayer& L = layers[l];
       rms_norm_for(x, L.attn_norm, buf.h, M, d, s.eps);
-      linear_for(buf.h, M, L.qkv, buf.qkv, [](int64_t, int64_t) {});
+      linear_for(buf.h, M, L.qkv, buf.qkv, buf, [](int64_t, int64_t) {});
       rope_and_cache_for(buf.qkv, L.qkv_bias, t, s, cache, l);
       attention_for(buf.qkv, buf.attn, t, s, cache, l);
       const auto add_to_x = [&](int64_t n0, int64_t n1) {
         for (int64_t m = 0; m < M; ++m)
           for (int64_t n = n0; n < n1; ++n) x[m * d + n] += buf.tmp[m * d + n];
       };
-      linear_for(buf.attn, M, L.o, buf.tmp, add_to_x);
+      linear_for(buf.attn, M, L.o, buf.tmp, buf, add_to_x);
       rms_norm_for(x, L.mlp_norm, buf.h, M, d, s.eps);
-      linear_for(buf.h, M, L.gate_up, buf.gate_up, [](int64_t, int64_t) {});
+      linear_for(buf.h, M, L.gate_up, buf.gate_up, buf, [](int64_t, int64_t) {});
       swiglu_for(buf.gate_up, buf.act, M, I);
-      linear_for(buf.act, M, L.down, buf.tmp, add_to_x);
+      linear_for(buf.act, M, L.down, buf.tmp, buf, add_to_x);
     }
     rms_norm_for(x, final_norm, hidden, M, d, s.eps);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < R; ++r) std::copy_n(hidden + logit_rows[r] * d, d, head_input + r * d);
-    linear_for(head_input, R, head, logits, [](int64_t, int64_t) {});
+    linear_for(head_input, R, head, logits, buf, [](int64_t, int64_t) {});
   }
 }
 

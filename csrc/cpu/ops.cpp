@@ -156,8 +156,9 @@ at::Tensor skinny_linear_int8_cpu(const at::Tensor& x, const at::Tensor& weight,
 
 // A weight matrix of the decoder pass as decoder.h reads it: fp32 or bf16 [N, K] (scale empty),
 // int8 [N, K] with scale [N] (one per row), or blocks (skinny_linear.h): uint8 Q4_1 codes [N, K / 2]
-// with scale [N, K / 32, 2], int8 Q8_0 codes [N, K] with scale [N, K / 32]; all contiguous.
-specdec::Linear decoder_linear(const at::Tensor& w, const at::Tensor& scale) {  // scale: undefined or empty for none
+// with scale [N, K / 32, 2], int8 Q8_0 codes [N, K] with scale [N, K / 32]; all contiguous. integer:
+// blocks taken against 8-bit activations (integer_linear.h), which only blocks can be.
+specdec::Linear decoder_linear(const at::Tensor& w, const at::Tensor& scale, bool integer) {  // scale: undefined or empty for none
   using Kind = specdec::Linear::Kind;
   const bool scaled = scale.defined() && scale.numel() > 0;
   TORCH_CHECK(w.is_contiguous() && w.dim() == 2 && (!scaled || (scale.is_contiguous() && scale.scalar_type() == at::kFloat)),
@@ -183,7 +184,37 @@ specdec::Linear decoder_linear(const at::Tensor& w, const at::Tensor& scale) {  
     default: TORCH_CHECK(false, "decoder_pass: weights must be fp32, bf16, int8 or uint8 blocks, got ", w.scalar_type());
   }
   TORCH_CHECK((kind == Kind::kFloat || kind == Kind::kBFloat16) != scaled, "decoder_pass: a scale for exactly the int8 and block weights");
+  if (integer) {
+    TORCH_CHECK(kind == Kind::kQ4_1 || kind == Kind::kQ8_0, "decoder_pass: 8-bit activations need Q4_1 or Q8_0 block weights, got ",
+                w.scalar_type(), " weights with scale ", scale.sizes());
+    kind = kind == Kind::kQ4_1 ? Kind::kQ4_1Integer : Kind::kQ8_0Integer;
+  }
   return {kind, w.data_ptr(), scaled ? scale.data_ptr<float>() : nullptr, N, K};
+}
+
+// Room for M rows of a linear's input quantised per block (the integer kinds), inputs up to K wide.
+struct CodeBuffers {
+  at::Tensor q, f;
+  CodeBuffers(int64_t M, int64_t K, const at::TensorOptions& f32)
+      : q(at::empty({M * K}, f32.dtype(at::kChar))), f(at::empty({specdec::QuantizedRows::floats(M, K)}, f32)) {}
+  specdec::QuantizedRows rows(int64_t M, int64_t K) { return {q.data_ptr<int8_t>(), f.data_ptr<float>(), M, K / specdec::kBlock}; }
+};
+
+// x [M, K] fp32 quantised to 8 bits per block of 32, times block weights (codes, scale as
+// decoder_linear reads them) -> [M, N] fp32 (integer_linear.h); checked in specdec_fast/kernels/integer.py.
+at::Tensor integer_linear_cpu(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scale) {
+  const specdec::Linear L = decoder_linear(codes.contiguous(), scale.contiguous(), true);
+  const at::Tensor xc = x.contiguous();
+  const int64_t M = xc.size(0);
+  TORCH_CHECK(xc.dim() == 2 && xc.size(1) == L.in && xc.scalar_type() == at::kFloat, "integer_linear: x [M, ", L.in, "] fp32");
+  CodeBuffers buffers(M, L.in, xc.options());
+  const specdec::QuantizedRows rows = buffers.rows(M, L.in);
+  for (int64_t m = 0; m < M; ++m) specdec::quantize_row(xc.data_ptr<float>() + m * L.in, m, rows);
+  at::Tensor y = at::empty({M, L.out}, xc.options());
+  at::parallel_for(0, L.out, 64, [&](int64_t begin, int64_t end) {
+    specdec::linear_columns(xc.data_ptr<float>(), rows, M, L, y.data_ptr<float>(), begin, end);
+  });
+  return y;
 }
 
 // One decoder pass (csrc/cpu/decoder.h) over M tokens; the layout of the arguments is
@@ -195,11 +226,11 @@ std::tuple<at::Tensor, at::Tensor> decoder_pass_cpu(const at::Tensor& x, at::Ten
                                                     at::TensorList scales, at::TensorList qkv_bias, const at::Tensor& cos,
                                                     const at::Tensor& sin, const at::Tensor& rows, const at::Tensor& positions,
                                                     const at::Tensor& slots, at::Tensor cache, const at::Tensor& logit_rows, int64_t heads,
-                                                    int64_t kv_heads, double eps) {
+                                                    int64_t kv_heads, double eps, bool integer) {
   const int64_t M = x.size(0), d = x.size(1), L = static_cast<int64_t>(norms.size() - 1) / 2;
   TORCH_CHECK(weights.size() == static_cast<size_t>(4 * L + 1), "decoder_pass: 4 weights per layer and a head");
   TORCH_CHECK(scales.empty() || scales.size() == weights.size(), "decoder_pass: no scales, or one (maybe empty) per weight");
-  const auto linear = [&](int64_t i) { return decoder_linear(weights[i], scales.empty() ? at::Tensor() : scales[i]); };
+  const auto linear = [&](int64_t i) { return decoder_linear(weights[i], scales.empty() ? at::Tensor() : scales[i], integer); };
   const specdec::Linear head = linear(4 * L);
   const int64_t hd = cache.size(5), I = weights[2].size(0) / 2, R = logit_rows.size(0), V = head.out;
   TORCH_CHECK(cache.is_contiguous() && cache.scalar_type() == at::kFloat && cache.size(1) == L, "decoder_pass: bad cache");
@@ -215,10 +246,12 @@ std::tuple<at::Tensor, at::Tensor> decoder_pass_cpu(const at::Tensor& x, at::Ten
   at::Tensor h = x.contiguous().clone(), hidden = at::empty({M, d}, f32), logits = at::empty({R, V}, f32);
   at::Tensor scratch = at::empty({M * (d + (heads + 2 * kv_heads) * hd + heads * hd + 3 * I + d) + R * d}, f32);
   float* p = scratch.data_ptr<float>();
+  CodeBuffers codes(integer ? M : 0, std::max({d, heads * hd, I}), f32);
   const specdec::DecoderScratch buf{p, p + M * d, p + M * (d + (heads + 2 * kv_heads) * hd),
                                     p + M * (d + (2 * heads + 2 * kv_heads) * hd),
                                     p + M * (d + (2 * heads + 2 * kv_heads) * hd + 2 * I),
-                                    p + M * (d + (2 * heads + 2 * kv_heads) * hd + 3 * I)};
+                                    p + M * (d + (2 * heads + 2 * kv_heads) * hd + 3 * I), codes.q.data_ptr<int8_t>(),
+                                    codes.f.data_ptr<float>()};
   const specdec::DecoderShape shape{d, heads, kv_heads, hd, I, static_cast<float>(eps)};
   const specdec::PassTokens tokens{M, row.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), slot.data_ptr<int64_t>(), c.data_ptr<float>(), s.data_ptr<float>()};
   const specdec::KVCache kv{cache.data_ptr<float>(), L, kv_heads, cache.size(4), hd};
@@ -308,6 +341,7 @@ TORCH_LIBRARY_IMPL(specdec_fast, CPU, m) {
   m.impl("philox_uniforms", &philox_uniforms_cpu);
   m.impl("skinny_linear", &skinny_linear_cpu);
   m.impl("skinny_linear_int8", &skinny_linear_int8_cpu);
+  m.impl("integer_linear", &integer_linear_cpu);
   m.impl("decoder_pass", &decoder_pass_cpu);
   m.impl("lookup_add", &lookup_add_cpu);
   m.impl("lookup_propose", &lookup_propose_cpu);

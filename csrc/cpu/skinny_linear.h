@@ -164,6 +164,17 @@ void skinny_linear(const float* x, int64_t M, const W* w, const float* scale, fl
 enum class BlockFormat { kQ4_1, kQ8_0 };
 constexpr int64_t kBlock = 32;
 
+// Prefetch (into L2) the codes of a row of blocks starting at block `first`, kPrefetchBytes / 4 (Q4_1)
+// or / 2 (Q8_0) ahead of its block b, once per cache line (once per block saturated the misses in
+// flight: a Q8_0 head read at 8 GB/s instead of 22).
+template <BlockFormat F>
+inline void prefetch_codes(const void* codes, int64_t first, int64_t b) {
+  constexpr int64_t bytes = F == BlockFormat::kQ4_1 ? kBlock / 2 : kBlock;
+  constexpr int64_t ahead = F == BlockFormat::kQ4_1 ? kPrefetchBytes / 4 : kPrefetchBytes / 2;
+  const char* at = static_cast<const char*>(codes) + (first + b) * bytes;
+  if (reinterpret_cast<uintptr_t>(at) % 64 < bytes) __builtin_prefetch(at + ahead, 0, 2);
+}
+
 // One weight row's block as kBlock / kWidth vectors in k order (block[s] holds elements
 // s kWidth .. s kWidth + kWidth - 1), each the fp32 values fl(d q + m) (Q4_1) or d q (Q8_0) exactly.
 template <BlockFormat F>
@@ -178,7 +189,6 @@ struct BlockRow<BlockFormat::kQ4_1> {
   __m512i bytes;  // the block's 16 code bytes, one per lane
   BlockRow(const void* codes, const float* scales, int64_t block) {
     const uint8_t* q = static_cast<const uint8_t*>(codes) + block * kBlock / 2;
-    __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
     const vfloat values = (vfloat)_mm512_cvtepi32_ps(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0));
     table = (__m512)(splat(scales[2 * block]) * values + splat(scales[2 * block + 1]));
     bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
@@ -197,9 +207,7 @@ struct BlockRow<BlockFormat::kQ4_1> {
   const uint8_t* q;
   vfloat d, m;
   BlockRow(const void* codes, const float* scales, int64_t block)
-      : q(static_cast<const uint8_t*>(codes) + block * kBlock / 2), d(splat(scales[2 * block])), m(splat(scales[2 * block + 1])) {
-    __builtin_prefetch(q + kPrefetchBytes / 4, 0, 2);
-  }
+      : q(static_cast<const uint8_t*>(codes) + block * kBlock / 2), d(splat(scales[2 * block])), m(splat(scales[2 * block + 1])) {}
   vfloat operator[](int s) const {
     const uint8_t* p = q + 8 * (s % 2);
 #if defined(__AVX2__)
@@ -220,9 +228,7 @@ struct BlockRow<BlockFormat::kQ8_0> {
   const int8_t* q;
   vfloat d;
   BlockRow(const void* codes, const float* scales, int64_t block)
-      : q(static_cast<const int8_t*>(codes) + block * kBlock), d(splat(scales[block])) {
-    __builtin_prefetch(q + kPrefetchBytes / 2, 0, 2);
-  }
+      : q(static_cast<const int8_t*>(codes) + block * kBlock), d(splat(scales[block])) {}
   vfloat operator[](int s) const { return d * load_weights(q + s * kWidth); }
 };
 
@@ -232,6 +238,7 @@ void dequantize_rows(const void* codes, const float* scales, int64_t K, int64_t 
   const int64_t blocks = K / kBlock;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
+      prefetch_codes<F>(codes, (n + r) * blocks, b);
       const BlockRow<F> block(codes, scales, (n + r) * blocks + b);
       for (int s = 0; s < kBlock / kWidth; ++s) store(out + r * K + b * kBlock + s * kWidth, block[s]);
     }
@@ -253,6 +260,7 @@ __attribute__((optimize("fp-contract=off"))) void skinny_tile_blocks(const float
     for (int j = 0; j < NR; ++j) acc[i][j] = vfloat{};
   for (int64_t b = 0; b < blocks; ++b)
     for (int j = 0; j < NR; ++j) {
+      prefetch_codes<F>(codes, (n0 + j) * blocks, b);
       const BlockRow<F> row(codes, scales, (n0 + j) * blocks + b);
       for (int s = 0; s < kBlock / kWidth; ++s) {
         const vfloat w = row[s];

@@ -6,7 +6,11 @@
 //   - a token's outputs do not depend on the pass size (bit for bit, 1..16 rows, 1 and 2 threads);
 //   - block weights give the bits of the fp32 matrix they hold;
 //   - the decoder pass: a token's logits are the same bits in passes of 1, 2, 5 and 9 tokens, over
-//     blocks and over the fp32 matrices alike;
+//     blocks and over the fp32 matrices alike, and with 8-bit activations;
+//   - the integer block product (integer_linear.h) equals a plain scalar statement of its
+//     arithmetic, bit for bit, in passes of 1..16 rows at 1 and 2 threads, and prints a digest of
+//     its outputs: the same digest from every build (AVX2, generic x86, NEON with and without the
+//     dot product) shows that its bits do not depend on the instruction set;
 //   - exp_nonpositive within 4 ulp of the exact exponential.
 //
 // Build and run (tests/kernels/test_ops_driver.py does it):
@@ -85,11 +89,28 @@ Blocks make_blocks(BlockFormat format, int64_t N, int64_t K) {
   return b;
 }
 
+// Work buffers of a pass of M tokens of TinyDecoder's shape (or of one linear up to 128 wide), with
+// room for the integer kinds' quantised inputs.
+struct Scratch {
+  std::vector<float> f;
+  std::vector<int8_t> codes;
+  std::vector<float> code_scales;
+  DecoderScratch buf;
+  Scratch(int64_t M, int64_t d, int64_t qkv, int64_t attn, int64_t I)
+      : f(M * (d + qkv + attn + 3 * I + d)), codes(M * std::max({d, attn, I})),
+        code_scales(QuantizedRows::floats(M, std::max({d, attn, I}))) {
+    float* p = f.data();
+    buf = {p, p + M * d, p + M * (d + qkv), p + M * (d + qkv + attn), p + M * (d + qkv + attn + 2 * I),
+           p + M * (d + qkv + attn + 3 * I), codes.data(), code_scales.data()};
+  }
+};
+
 // y [M, N] = x [M, K] L^T over the team, as the decoder pass runs it.
 std::vector<float> linear(const std::vector<float>& x, int64_t M, const Linear& L, int threads) {
   std::vector<float> y(M * L.out);
+  const Scratch scratch(M, L.in, 0, 0, 0);
 #pragma omp parallel num_threads(threads)
-  linear_for(x.data(), M, L, y.data(), [](int64_t, int64_t) {});
+  linear_for(x.data(), M, L, y.data(), scratch.buf, [](int64_t, int64_t) {});
   return y;
 }
 
@@ -153,6 +174,77 @@ void check_linears() {
   }
 }
 
+// The integer product's arithmetic (the top of integer_linear.h) in plain scalar C++, in double
+// int for the exact sums and float for each rounding step (no FMA: fp-contract off).
+__attribute__((optimize("fp-contract=off"))) std::vector<float> integer_reference(const std::vector<float>& x, int64_t M, const Blocks& b, bool q4, int64_t N, int64_t K) {
+  const int64_t blocks = K / kBlock;
+  std::vector<float> y(M * N);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      float acc[8] = {}, off = 0.0f;
+      for (int64_t k = 0; k < blocks; ++k) {
+        const float* xb = x.data() + m * K + k * kBlock;
+        float top = 0.0f;
+        for (int e = 0; e < kBlock; ++e) top = std::max(top, std::fabs(xb[e]));
+        const float d = top / 127.0f;
+        int q[kBlock], sum = 0;
+        for (int e = 0; e < kBlock; ++e) q[e] = d > 0.0f ? static_cast<int>(std::nearbyint(std::min(127.0f, std::max(-127.0f, xb[e] / d)))) : 0, sum += q[e];
+        const int64_t at = n * blocks + k;
+        const float dw = q4 ? b.scales[2 * at] : b.scales[at];
+        for (int l = 0; l < 8; ++l) {
+          int lane = 0;
+          for (int e = 4 * l; e < 4 * l + 4; ++e) {
+            const int w = q4 ? (e < 16 ? b.q4[at * 16 + e] & 15 : b.q4[at * 16 + e - 16] >> 4) : b.q8[at * kBlock + e];
+            lane += w * q[e];
+          }
+          const float dd = dw * d, step = static_cast<float>(lane) * dd;
+          acc[l] = acc[l] + step;
+        }
+        if (q4) {
+          const float s = d * static_cast<float>(sum), u = b.scales[2 * at + 1] * s;
+          off = off + u;
+        }
+      }
+      const float left = (acc[0] + acc[4]) + (acc[2] + acc[6]), right = (acc[1] + acc[5]) + (acc[3] + acc[7]), total = left + right;
+      y[m * N + n] = total + off;
+    }
+  return y;
+}
+
+// FNV-1a over the bits of v: one line that two builds' outputs can be compared by.
+uint64_t digest(const std::vector<float>& v) {
+  uint64_t h = 1469598103934665603ull;
+  for (const float f : v) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    for (int i = 0; i < 4; ++i) h = (h ^ ((bits >> (8 * i)) & 255)) * 1099511628211ull;
+  }
+  return h;
+}
+
+uint64_t check_integer() {
+  const int64_t N = 37, K = 96, most = 16;
+  uint64_t h = 0;
+  for (BlockFormat format : {BlockFormat::kQ4_1, BlockFormat::kQ8_0}) {
+    const bool q4 = format == BlockFormat::kQ4_1;
+    const Blocks b = make_blocks(format, N, K);
+    const Linear L{q4 ? Linear::Kind::kQ4_1Integer : Linear::Kind::kQ8_0Integer,
+                   q4 ? static_cast<const void*>(b.q4.data()) : b.q8.data(), b.scales.data(), N, K};
+    std::vector<float> x(most * K);
+    for (auto& v : x) v = uniform(-1.0f, 1.0f);
+    std::fill_n(x.begin() + 2 * K, kBlock, 0.0f);  // a block of zeros (d = 0)
+    const std::vector<float> expected = integer_reference(x, most, b, q4, N, K);
+    h ^= digest(expected) + (q4 ? 0 : 0x9e3779b97f4a7c15ull);
+    for (int M : {1, 2, 3, 4, 5, 7, 9, 10, 12, 16})
+      for (int threads : {1, 2}) {
+        const std::vector<float> y = linear(x, M, L, threads);
+        expect(same_bits(y.data(), expected.data(), M * N), q4 ? "Q4_1 x int8 = its scalar statement" : "Q8_0 x int8 = its scalar statement",
+               M, threads);
+      }
+  }
+  return h;
+}
+
 // A two-layer decoder (d 64, 4 heads over 2 KV heads of 16, MLP 128, vocabulary 96), weights as
 // Q4_1 blocks with a Q8_0 head, or the fp32 matrices they hold.
 struct TinyDecoder {
@@ -167,16 +259,18 @@ struct TinyDecoder {
         mats.push_back(make_blocks(BlockFormat::kQ4_1, N, K));
     mats.push_back(make_blocks(BlockFormat::kQ8_0, V, d));
   }
-  Linear at(size_t i, bool dense) const {
+  enum class Weights { kDense, kBlocks, kInteger };
+  Linear at(size_t i, Weights kind) const {
     const Blocks& b = mats[i];
     const int64_t N = i + 1 == mats.size() ? V : (i % 4 == 0 ? (H + 2 * Hkv) * hd : i % 4 == 2 ? 2 * I : d);
     const int64_t K = static_cast<int64_t>(b.dense.size()) / N;
-    if (dense) return {Linear::Kind::kFloat, b.dense.data(), nullptr, N, K};
-    return i + 1 == mats.size() ? Linear{Linear::Kind::kQ8_0, b.q8.data(), b.scales.data(), N, K}
-                                : Linear{Linear::Kind::kQ4_1, b.q4.data(), b.scales.data(), N, K};
+    const bool integer = kind == Weights::kInteger;
+    if (kind == Weights::kDense) return {Linear::Kind::kFloat, b.dense.data(), nullptr, N, K};
+    return i + 1 == mats.size() ? Linear{integer ? Linear::Kind::kQ8_0Integer : Linear::Kind::kQ8_0, b.q8.data(), b.scales.data(), N, K}
+                                : Linear{integer ? Linear::Kind::kQ4_1Integer : Linear::Kind::kQ4_1, b.q4.data(), b.scales.data(), N, K};
   }
   // The logits [n, V] of tokens ids[0..n) run in passes of `step` tokens, on a fresh cache.
-  std::vector<float> logits(const std::vector<int64_t>& ids, int64_t step, bool dense, int threads) const {
+  std::vector<float> logits(const std::vector<int64_t>& ids, int64_t step, Weights dense, int threads) const {
     std::vector<DecoderLayer> layers;
     for (int64_t l = 0; l < L; ++l)
       layers.push_back({norm.data(), at(4 * l, dense), nullptr, at(4 * l + 1, dense), norm.data(), at(4 * l + 2, dense),
@@ -196,11 +290,9 @@ struct TinyDecoder {
         }
       }
       const PassTokens t{M, row.data(), pos.data(), pos.data(), cs.data(), sn.data()};
-      std::vector<float> scratch(M * (d + (H + 2 * Hkv) * hd + H * hd + 3 * I + d)), hidden(M * d), head_in(M * d), logits(M * V);
-      float* p = scratch.data();
-      const DecoderScratch buf{p, p + M * d, p + M * (d + (H + 2 * Hkv) * hd), p + M * (d + (2 * H + 2 * Hkv) * hd),
-                               p + M * (d + (2 * H + 2 * Hkv) * hd + 2 * I), p + M * (d + (2 * H + 2 * Hkv) * hd + 3 * I)};
-      decoder_pass(x.data(), layers, norm.data(), at(mats.size() - 1, dense), {d, H, Hkv, hd, I, 1e-5f}, t, kv, buf,
+      const Scratch scratch(M, d, (H + 2 * Hkv) * hd, H * hd, I);
+      std::vector<float> hidden(M * d), head_in(M * d), logits(M * V);
+      decoder_pass(x.data(), layers, norm.data(), at(mats.size() - 1, dense), {d, H, Hkv, hd, I, 1e-5f}, t, kv, scratch.buf,
                    hidden.data(), rows.data(), M, head_in.data(), logits.data(), threads);
       out.insert(out.end(), logits.begin(), logits.end());
     }
@@ -212,16 +304,24 @@ void check_decoder() {
   const TinyDecoder model;
   std::vector<int64_t> ids(18);
   for (auto& id : ids) id = rng() % TinyDecoder::V;
-  const std::vector<float> one_by_one = model.logits(ids, 1, false, 1);
+  using W = TinyDecoder::Weights;
+  const std::vector<float> one_by_one = model.logits(ids, 1, W::kBlocks, 1), integer = model.logits(ids, 1, W::kInteger, 1);
   bool finite = true;
-  for (float v : one_by_one) finite = finite && std::isfinite(v);
+  double differ = 0, size = 0;  // 8-bit activations move the logits a little, not a lot
+  for (size_t i = 0; i < one_by_one.size(); ++i)
+    finite = finite && std::isfinite(one_by_one[i]) && std::isfinite(integer[i]), differ += std::fabs(integer[i] - one_by_one[i]),
+    size += std::fabs(one_by_one[i]);
   expect(finite, "decoder logits are finite");
-  for (int64_t step : {1, 2, 5, 9})
+  expect(differ < 0.05 * size, "decoder: 8-bit activations near the fp32 logits");
+  expect(differ > 0, "decoder: 8-bit activations take the integer path");
+  for (int64_t step : {1, 2, 5, 9, 16})
     for (int threads : {1, 2}) {
-      expect(same_bits(model.logits(ids, step, false, threads).data(), one_by_one.data(), one_by_one.size()),
+      expect(same_bits(model.logits(ids, step, W::kBlocks, threads).data(), one_by_one.data(), one_by_one.size()),
              "decoder: a token's logits in passes of n tokens", static_cast<int>(step), threads);
-      expect(same_bits(model.logits(ids, step, true, threads).data(), one_by_one.data(), one_by_one.size()),
+      expect(same_bits(model.logits(ids, step, W::kDense, threads).data(), one_by_one.data(), one_by_one.size()),
              "decoder: blocks = their fp32 matrices", static_cast<int>(step), threads);
+      expect(same_bits(model.logits(ids, step, W::kInteger, threads).data(), integer.data(), integer.size()),
+             "decoder: 8-bit activations, a token's logits in passes of n tokens", static_cast<int>(step), threads);
     }
 }
 
@@ -243,8 +343,10 @@ void check_exp() {
 
 int main() {
   check_linears();
+  const uint64_t integer = check_integer();
   check_decoder();
   check_exp();
+  std::printf("integer digest %016llx\n", static_cast<unsigned long long>(integer));
   std::printf("%d checks, %d failed (kWidth %d, %d vector registers, tiles %dx%d, fused up to %d rows)\n", checks, failures,
               kWidth, kVectorRegisters, kTileRows, kTileCols, kFusedRows);
   return failures ? 1 : 0;

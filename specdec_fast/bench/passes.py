@@ -39,6 +39,7 @@ from .microbench import read_bandwidth
 from .peer import LlamaCppPeer, gguf_fails, gguf_file, peer_build, peer_missing
 
 SIZES = (1, 2, 3, 4, 5, 9)  # tokens in a pass: k + 1 for k = 0..4 and 8
+AGREEMENT = (("autoregressive, lean fp32", "llama.cpp F32"), ("autoregressive, lean q8", "llama.cpp Q4_1"))  # same numbers, same arithmetic
 CACHED = (64, 512)
 
 
@@ -48,7 +49,8 @@ def _engines(model, eager, threads: int) -> tuple[dict, dict, str | None]:
     ours = {"transformers eager": lambda: HFCachedLM(eager), "skinny + packed GQA": lambda: HFCachedLM(use_fast_passes(model)),
             "lean fp32": lambda: LeanLM(model), "lean fp32 (A/A)": lambda: LeanLM(model),
             "lean fp32-dense": lambda: LeanLM(model, "fp32-dense"),
-            "lean bf16": lambda: LeanLM(model, "bf16"), "lean int8": lambda: LeanLM(model, "int8")}
+            "lean bf16": lambda: LeanLM(model, "bf16"), "lean int8": lambda: LeanLM(model, "int8"),
+            "lean q8": lambda: LeanLM(model, "q8")}
     missing = peer_missing()
     peers = {} if missing else {f"llama.cpp {t}": LlamaCppPeer(gguf_file(smollm2_path(), t), threads) for t in ("F32", "BF16")}
     if not missing:
@@ -124,7 +126,7 @@ def read_bandwidth_best(repeats: int = 7) -> dict[str, float]:
 
 def weight_bytes(model) -> dict[str, int]:
     """Bytes a one-token pass must read per lean precision (the matrices; one embedding row): "fp32"
-    from the checkpoint's blocks, "fp32-dense" whole fp32 matrices, "bf16", "int8"."""
+    and "q8" from the checkpoint's blocks, "fp32-dense" whole fp32 matrices, "bf16", "int8"."""
     out = {}
     for precision in PRECISIONS:
         w = LeanWeights.of(model, precision)
@@ -135,7 +137,7 @@ def weight_bytes(model) -> dict[str, int]:
 def weight_key(engine: str) -> str:
     """The :func:`weight_bytes` key of an engine's weights: transformers and llama.cpp F32 read fp32
     matrices whole, llama.cpp Q4_1 blocks (a little fewer bytes than ours: fp16 scales)."""
-    for precision in ("fp32-dense", "bf16", "int8"):
+    for precision in ("fp32-dense", "bf16", "int8", "q8"):
         if precision in engine.lower():
             return precision
     return "fp32-dense" if engine in ("transformers eager", "skinny + packed GQA", "llama.cpp F32") else "fp32"
@@ -148,7 +150,7 @@ def kv_bytes(model, cached: int) -> int:
 
 def decode(model, eager, tokenizer, peers: dict, prompts: int, max_new_tokens: int, repeats: int) -> dict:
     """Greedy tokens/s (wall time, prompt pass included) per engine on ``prompts`` chat prompts, and
-    how many of llama.cpp F32's tokens our lean fp32 decoding matches (prefix length)."""
+    how many of llama.cpp's greedy tokens ours match before the first difference (:data:`AGREEMENT`)."""
     chats = [chat_prompt_ids(tokenizer, p["prompt"]) for p in heldout_prompts()[:prompts]]
     feature = default_feature_draft(model)
     runs = {
@@ -162,6 +164,8 @@ def decode(model, eager, tokenizer, peers: dict, prompts: int, max_new_tokens: i
                                                                                eos_token_id=(), lean="fp32-dense").tokens,
         "autoregressive, lean bf16": lambda ids: generate_autoregressive(model, ids, max_new_tokens=max_new_tokens, eos_token_id=(),
                                                                          lean="bf16").tokens,
+        "autoregressive, lean q8": lambda ids: generate_autoregressive(model, ids, max_new_tokens=max_new_tokens, eos_token_id=(),
+                                                                       lean="q8").tokens,
         "fast_generate feature draft, lean fp32": lambda ids: fast_generate(
             model, feature, ids, max_new_tokens=max_new_tokens, eos_token_id=(), policy=default_policy(draft=feature)).tokens,
         "fast_generate feature draft, lean off": lambda ids: fast_generate(
@@ -181,11 +185,10 @@ def decode(model, eager, tokenizer, peers: dict, prompts: int, max_new_tokens: i
             seconds[name, i].append(time.perf_counter() - start)
     rates = {name: statistics.median(max_new_tokens / statistics.median(seconds[name, i]) for i in range(len(chats)))
              for name in runs}
-    match = None
-    if "llama.cpp F32" in runs:
-        match = [next((j for j, (a, b) in enumerate(zip(tokens["llama.cpp F32", i], tokens["autoregressive, lean fp32", i]))
-                       if a != b), max_new_tokens) for i in range(len(chats))]
-    return dict(tokens_per_s=rates, same_greedy_prefix_as_llama_cpp_f32=match)
+    match = {f"{ours} / {theirs}": [next((j for j, (a, b) in enumerate(zip(tokens[theirs, i], tokens[ours, i])) if a != b),
+                                         max_new_tokens) for i in range(len(chats))]
+             for ours, theirs in AGREEMENT if theirs in runs}
+    return dict(tokens_per_s=rates, same_greedy_prefix=match)
 
 
 def run(repeats: int, prompts: int, max_new_tokens: int, decode_repeats: int, out: Path = Path("results/passes")) -> dict:
@@ -236,12 +239,12 @@ def table(data: dict) -> str:
             "KV cache read) / bandwidth and 2 FLOPs per weight at the matrix product's rate; the 9-token pass's rate counts 2 "
             "FLOPs per weight per token. " + (f"llama.cpp peer skipped: {data['peer_missing']}." if data["peer_missing"] else "")
             + (f"llama.cpp built for: {data['peer_build']}." if data.get("peer_build") else ""))
-    match = (f"\n\nGreedy tokens equal to llama.cpp F32's before the first difference, per prompt: "
-             f"{d['same_greedy_prefix_as_llama_cpp_f32']}" if d["same_greedy_prefix_as_llama_cpp_f32"] else "")
+    match = "".join(f"\n\nGreedy tokens of {pair} equal before the first difference, per prompt: {prefix}"
+                    for pair, prefix in d.get("same_greedy_prefix", {}).items())
     rates = d["tokens_per_s"]
     if "llama.cpp Q4_1" in rates:
-        match += (f"\n\nOur autoregressive loop on the Q4_1 file's numbers (lean fp32) / llama.cpp on the file itself: "
-                  f"{rates['autoregressive, lean fp32'] / rates['llama.cpp Q4_1']:.2f}x")
+        match += "".join(f"\n\nOur autoregressive loop on the Q4_1 file's numbers ({name}) / llama.cpp on the file itself: "
+                         f"{rates[f'autoregressive, {name}'] / rates['llama.cpp Q4_1']:.2f}x" for name in ("lean fp32", "lean q8"))
     return f"{note}\n\n{passes}\n\nThe shipped feature draft's step:\n\n{steps}\n\nGreedy decoding, {data['settings']['max_new_tokens']} new tokens, chat prompts:\n\n{decoded}{match}"
 
 

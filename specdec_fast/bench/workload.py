@@ -33,7 +33,7 @@ from ..drafts.hybrid import Hybrid
 from ..drafts.lookup import PromptLookup
 from ..drafts.shipped import default_draft, default_feature_draft
 from ..models.fast_passes import use_fast_passes
-from ..models.smollm2 import load_smollm2, smollm2_path
+from ..models.smollm2 import gguf_path, load_smollm2, smollm2_path
 from ..policies.baselines import FixedDraftLength
 from ..policies.shipped import default_policy
 from .common import machine, markdown_table, pyplot, save_figure, write_results
@@ -78,10 +78,11 @@ def _engines(max_new_tokens: int, lean: str, peers: bool = True) -> dict:
         return run
 
     others = {}
-    if peers and peer_missing() is None:  # the [peer] extra: llama.cpp on a GGUF of the same checkpoint
-        gguf, threads = gguf_file(smollm2_path(), "F32"), torch.get_num_threads()
-        others = {"llama.cpp (F32)": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT)),
-                  "llama.cpp prompt lookup (F32)": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT, lookup_tokens=10))}
+    if peers and peer_missing() is None:  # the [peer] extra: llama.cpp on a GGUF of the same numbers
+        kind = "Q4_1" if lean == "q8" else "F32"  # 8-bit activations: llama.cpp's own arithmetic on the shipped file
+        gguf, threads = gguf_path() if lean == "q8" else gguf_file(smollm2_path(), "F32"), torch.get_num_threads()
+        others = {f"llama.cpp ({kind})": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT)),
+                  f"llama.cpp prompt lookup ({kind})": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT, lookup_tokens=10))}
     if peers:
         others |= {"transformers generate": hf(), "transformers prompt lookup": hf(prompt_lookup_num_tokens=10),
                    "transformers assisted (token draft)": hf(assistant_model=token)}
@@ -186,7 +187,8 @@ def summary(data: dict) -> list[list]:
     after = {(r["category"], r["temperature"], r["engine"]): r.get("after_prompt_vs_autoregressive") for r in data["rows"]}
     for c, t in dict.fromkeys((r["category"], r["temperature"]) for r in data["rows"]):
         best = max(paired[c, t, "feature draft"], paired[c, t, "prompt lookup"])
-        peers = [paired.get((c, t, name)) for name in ("transformers prompt lookup", "llama.cpp prompt lookup (F32)")]
+        lookups = ("transformers prompt lookup", "llama.cpp prompt lookup (F32)", "llama.cpp prompt lookup (Q4_1)")
+        peers = [paired.get((c, t, name)) for name in lookups[:1]] + [next(filter(None, (paired.get((c, t, n)) for n in lookups[1:])), None)]
         for hybrid in HYBRIDS:
             if (c, t, hybrid) in paired:
                 h = paired[c, t, hybrid]
@@ -199,7 +201,8 @@ def table(data: dict) -> str:
     s = data["settings"]
     batched = f"our engines in batch_generate, {s['batch']} prompts per batch; " if s.get("batch", 1) > 1 else ""
     path = {"auto": "fp32 from the checkpoint's blocks", "fp32": "fp32 from the checkpoint's blocks",
-            "fp32-dense": "fp32 read as whole matrices"}.get(s.get("lean", "auto"), s.get("lean"))
+            "fp32-dense": "fp32 read as whole matrices",
+            "q8": "the checkpoint's blocks against 8-bit activations (integer products)"}.get(s.get("lean", "auto"), s.get("lean"))
     head = (f"Held-out prompts per category: {s['prompt_counts']}; {batched}{s['max_new_tokens']} new tokens; medians over "
             f"prompts of {s['repeats']} repeat(s), every engine making all the tokens (EOS ignored). Our engines run the target "
             f"on the lean path, {path}, with the default guard.\n\n")

@@ -22,7 +22,7 @@ def _out(args, name: str) -> Path:
 def _bench(args) -> int:
     if args.workload:
         name = "workload" if args.batch == 1 else f"workload_batch{args.batch}"
-        name += "_dense" if args.lean == "fp32-dense" else ""
+        name += {"fp32-dense": "_dense", "q8": "_q8"}.get(args.lean, "")
         data = workload.run(args.categories, args.prompts or 4, args.temperatures, args.max_new_tokens, args.repeats,
                             _out(args, name), args.batch, args.lean, not args.no_peers)
         print(workload.table(data))
@@ -107,9 +107,10 @@ def add_parsers(commands, common: argparse.ArgumentParser) -> None:
                        help="--workload: prompt categories")
     bench.add_argument("--repeats", type=int, default=1, help="--workload: repeats of every cell (medians reported)")
     bench.add_argument("--no-peers", action="store_true", help="--workload: our engines only (no transformers or llama.cpp)")
-    bench.add_argument("--lean", choices=("auto", "fp32-dense"), default="auto",
-                       help="--workload: our target's path: the checkpoint's blocks (auto: compute-bound on a CPU) or whole "
-                            "fp32 matrices (fp32-dense: memory-bound, as a dense checkpoint is read)")
+    bench.add_argument("--lean", choices=("auto", "fp32-dense", "q8"), default="auto",
+                       help="--workload: our target's path: the checkpoint's blocks (auto: compute-bound on a CPU), whole "
+                            "fp32 matrices (fp32-dense: memory-bound, as a dense checkpoint is read), or the blocks against "
+                            "8-bit activations (q8: integer products)")
     bench.add_argument("--lengths", type=int, nargs="+", default=list(range(1, 9)), help="token-draft lengths")
     bench.add_argument("--feature-lengths", type=int, nargs="+", default=list(range(1, 9)), help="feature-draft lengths")
     bench.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], help="sampling temperatures (0 = greedy)")

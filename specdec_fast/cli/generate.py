@@ -152,7 +152,8 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
                         help="text files a lookup draft (--draft lookup / hybrid) may copy from, beside the context")
     parser.add_argument("--lean", choices=LEAN_CHOICES, default="auto",
                         help="the target's pass: the lean path where the model allows (auto), transformers' (off), or the "
-                             "lean path with fp32 / bf16 / int8 weights (bf16, int8: the output follows that model)")
+                             "lean path with fp32 / bf16 / int8 weights or q8 (the blocks against 8-bit activations, in integers); "
+                             "bf16, int8, q8: the output follows that model")
 
 
 def add_parser(commands, common: argparse.ArgumentParser) -> None:

@@ -82,7 +82,8 @@ def fast_generate(
             model allows, on a CPU; transformers' with ``num_alternatives``), "off", or a weight
             precision "fp32" (read from the checkpoint's 4- / 8-bit blocks where the fp32 weights
             are exactly such blocks: the same numbers), "fp32-dense" (always whole fp32 matrices),
-            "bf16", "int8" (the output then follows that model's distribution).
+            "bf16", "int8", "q8" (the blocks against 8-bit activations in integers, docs/integer.md;
+            the output then follows that model's distribution).
         guard: stop drafting while drafting rounds emit fewer tokens per second than plain rounds
             (autoregressive steps) would, probing again at a falling rate
             (:class:`~specdec_fast.policies.guard.SpeculationGuard`). It and the policy start from

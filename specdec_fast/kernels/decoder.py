@@ -23,7 +23,7 @@ CONVERTED_PREFILL_TOKENS = 256  # the same over bf16 / int8 weights, converted t
 
 def decoder_pass(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales: list[Tensor], qkv_bias: list[Tensor],
                  cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor, slots: Tensor, cache: Tensor, logit_rows: Tensor,
-                 heads: int, kv_heads: int, eps: float, backend: str = "auto") -> tuple[Tensor, Tensor]:
+                 heads: int, kv_heads: int, eps: float, integer: bool = False, backend: str = "auto") -> tuple[Tensor, Tensor]:
     """One decoder pass over M tokens; returns (hidden [M, d] fp32 after the final norm, logits
     [R, V] fp32 of the rows ``logit_rows`` [R] int64 of hidden).
 
@@ -35,13 +35,14 @@ def decoder_pass(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales: 
     positions. rows, positions, slots [M] int64: token m is at ``positions[m]`` of sequence
     ``rows[m]``; it writes slot ``slots[m]`` (>= its position; usually equal) of ``cache`` [B, L, 2,
     Hkv, capacity, hd] fp32 and attends to the row's slots 0..positions[m] - 1 (which hold its
-    earlier tokens) and its own slot.
+    earlier tokens) and its own slot. integer: every weight is in blocks and takes the tokens'
+    activations quantised to 8 bits (kernels/integer.py) instead of the fp32 matrix it holds.
     """
     if resolve(backend, x.device) == "cpu":
         return torch.ops.specdec_fast.decoder_pass(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots,
-                                                   cache, logit_rows, heads, kv_heads, eps)
+                                                   cache, logit_rows, heads, kv_heads, eps, integer)
     return decoder_pass_reference(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots, cache, logit_rows,
-                                  heads, kv_heads, eps)
+                                  heads, kv_heads, eps, integer)
 
 
 def prefill_pass(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales: list[Tensor], qkv_bias: list[Tensor],

@@ -6,8 +6,8 @@ backend.
 ``philox_uniforms`` are implemented for CPU tensors by ``csrc/cpu`` and for CUDA tensors by
 ``csrc/cuda`` (the dispatcher routes by device); ``triton_verify``, ``triton_verify_block``,
 ``triton_draft_step`` and ``triton_philox_uniforms`` by the Triton kernels
-(``specdec_fast._triton``, the top-level ``triton_kernels/`` folder); ``skinny_linear`` and
-``skinny_linear_int8`` by ``csrc/cpu`` only.
+(``specdec_fast._triton``, the top-level ``triton_kernels/`` folder); ``skinny_linear``,
+``skinny_linear_int8``, ``integer_linear`` and ``decoder_pass`` by ``csrc/cpu`` only.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ _LIBRARY.define("skinny_linear(Tensor x, Tensor weight) -> Tensor")
 _LIBRARY.define("skinny_linear_int8(Tensor x, Tensor weight, Tensor scale) -> Tensor")
 _LIBRARY.define("decoder_pass(Tensor x, Tensor[] norms, Tensor[] weights, Tensor[] scales, Tensor[] qkv_bias, "
                 "Tensor cos, Tensor sin, Tensor rows, Tensor positions, Tensor slots, Tensor(a!) cache, Tensor logit_rows, "
-                "int heads, int kv_heads, float eps) -> (Tensor, Tensor)")
+                "int heads, int kv_heads, float eps, bool integer=False) -> (Tensor, Tensor)")
+_LIBRARY.define("integer_linear(Tensor x, Tensor codes, Tensor scale) -> Tensor")
 _LIBRARY.define("lookup_add(Tensor tokens, Tensor start, Tensor end, Tensor(a!) keys, Tensor(b!) next, int max_n) -> ()")
 _LIBRARY.define("lookup_propose(Tensor tokens, Tensor lengths, Tensor keys, Tensor next, int min_n, int max_n, int k) "
                 "-> (Tensor, Tensor, Tensor)")
@@ -66,7 +67,7 @@ def _fake_philox_uniforms(seed, offset, n):
 
 
 def _fake_decoder_pass(x, norms, weights, scales, qkv_bias, cos, sin, rows, positions, slots, cache, logit_rows, heads,
-                      kv_heads, eps):
+                      kv_heads, eps, integer=False):
     return x.new_empty(x.shape), x.new_empty(logit_rows.shape[0], weights[-1].shape[0])
 
 
@@ -76,6 +77,7 @@ def _fake_skinny(x, weight, scale=None):
 
 torch.library.register_fake("specdec_fast::skinny_linear", _fake_skinny, lib=_LIBRARY)
 torch.library.register_fake("specdec_fast::skinny_linear_int8", _fake_skinny, lib=_LIBRARY)
+torch.library.register_fake("specdec_fast::integer_linear", _fake_skinny, lib=_LIBRARY)
 torch.library.register_fake("specdec_fast::decoder_pass", _fake_decoder_pass, lib=_LIBRARY)
 for _prefix in ("", "triton_"):
     torch.library.register_fake(f"specdec_fast::{_prefix}verify", _fake_verify, lib=_LIBRARY)

@@ -16,8 +16,9 @@ says why a model cannot take the path (the loops then use transformers').
 fp32 weights that are exactly 4- or 8-bit blocks (a model dequantised from a Q4_1 / Q8_0 GGUF
 file, as the default target is) are read from their blocks (kernels/blocks.py): the same fp32
 numbers, the same output bits, a fifth of the bytes. Weights may instead be read as bf16 or int8
-(``precision``): the output then follows the distribution of that bf16 / int8 model, exactly,
-not the fp32 model's.
+(``precision``), or taken in integers against activations quantised to 8 bits ("q8": the blocks,
+other matrices quantised to Q8_0 on load; kernels/integer.py): the output then follows the
+distribution of that model, exactly, not the fp32 model's.
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ from torch import Tensor, nn
 
 from ..kernels.blocks import pack_blocks
 from ..kernels.decoder import CONVERTED_PREFILL_TOKENS, PREFILL_TOKENS, decoder_pass, prefill_pass
+from ..kernels.integer import quantize_q8_0
 from ..kernels.linear import quantize_int8
 from ..kernels.reference.decoder import weight_linear
 from .cached_lm import CachedLM, TransformersLM, as_cached_lm, is_transformers_lm
 
 MODEL_TYPES = ("llama", "mistral", "qwen2")
-PRECISIONS = ("fp32", "fp32-dense", "bf16", "int8")  # fp32: from the checkpoint's blocks where it has them
+PRECISIONS = ("fp32", "fp32-dense", "bf16", "int8", "q8")  # fp32: from the checkpoint's blocks where it has them
 LEAN_CHOICES = ("auto", "off") + PRECISIONS  # what ``lean=`` takes wherever a loop builds its caches
 STATIC_ROPE = (None, "default", "linear", "llama3", "yarn")  # rotary tables that depend on the position only
 
@@ -89,7 +91,8 @@ def _stacked(modules: list[nn.Linear]) -> Tensor:
 @dataclass
 class LeanWeights:
     """A model's tensors in :func:`decoder_pass`'s layout (see there), at one precision; ``dense``:
-    the fp32 matrices themselves (for :func:`prefill_pass`) when the precision is fp32, else None."""
+    the fp32 matrices themselves (for :func:`prefill_pass`) when the precision is fp32, else None;
+    ``integer``: the blocks take 8-bit activations (precision "q8")."""
 
     embed: Tensor
     norms: list[Tensor]
@@ -101,13 +104,15 @@ class LeanWeights:
     kv_heads: int
     head_dim: int
     eps: float
+    integer: bool = False
 
     @classmethod
     def of(cls, model: nn.Module, precision: str = "fp32") -> "LeanWeights":
         """``model``'s weights for the lean path, made once per model and precision: "fp32": the
         model's own tensors, read from their codes where they are exactly blocks
         (:func:`~specdec_fast.kernels.blocks.pack_blocks`); "fp32-dense": the tensors themselves
-        always; "bf16" or "int8": converted copies."""
+        always; "bf16" or "int8": converted copies; "q8": the blocks where the tensors are blocks, else
+        Q8_0 blocks made on load, all taken against 8-bit activations."""
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
         reason = lean_unsupported(model)
@@ -148,10 +153,13 @@ class LeanWeights:
             if any(blocks):
                 matrices = [b[0] if b else w for b, w in zip(blocks, matrices)]
                 scales = [b[1] if b else torch.empty(0) for b in blocks]
+        elif precision == "q8":
+            matrices, scales = map(list, zip(*(pack_blocks(w) or quantize_q8_0(w) for w in matrices)))
         heads = config.num_attention_heads
         return cls(model.get_input_embeddings().weight.detach(), norms, [w.contiguous() for w in matrices], scales, dense,
                    biases, heads, config.num_key_value_heads,
-                   getattr(config, "head_dim", None) or config.hidden_size // heads, float(config.rms_norm_eps))
+                   getattr(config, "head_dim", None) or config.hidden_size // heads, float(config.rms_norm_eps),
+                   precision == "q8")
 
 
 _MADE: "weakref.WeakKeyDictionary[nn.Module, dict[str, LeanWeights]]" = weakref.WeakKeyDictionary()
@@ -205,16 +213,19 @@ class LeanPass:
         prompts = self._prompts(rows, positions, slots)
         if not prompts:
             hidden, logits = decoder_pass(x, w.norms, w.weights, w.scales, w.qkv_bias, cos, sin, rows, positions, slots,
-                                          self.cache, logit_rows, w.heads, w.kv_heads, w.eps)
+                                          self.cache, logit_rows, w.heads, w.kv_heads, w.eps, w.integer)
         else:
             hidden, logits = self._with_prompts(prompts, x, cos, sin, rows, positions, slots, logit_rows)
         self.features[rows, slots] = hidden
         return logits
 
     @property
-    def prefill_tokens(self) -> int:
+    def prefill_tokens(self) -> int | float:
         """The shortest prompt that takes :func:`prefill_pass`: longer where the weights are
-        converted to fp32 for it (bf16, int8)."""
+        converted to fp32 for it (bf16, int8); none does with 8-bit activations (its products are
+        not fp32 ones: every pass takes :func:`decoder_pass`)."""
+        if self.w.integer:
+            return float("inf")
         return PREFILL_TOKENS if self.w.dense is not None else CONVERTED_PREFILL_TOKENS
 
     def _prompts(self, rows: Tensor, positions: Tensor, slots: Tensor) -> list[tuple[int, Tensor]]:

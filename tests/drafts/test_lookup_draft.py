@@ -63,12 +63,13 @@ def test_the_lookup_is_used_and_sometimes_rejected(tiny_pair):
     assert 0 < accepted < drafted
 
 
-@pytest.mark.parametrize("lean", ["auto", "off"])
+@pytest.mark.parametrize("lean", ["auto", "off", "q8"])
 @pytest.mark.parametrize("k", [1, 4, 8])
 @pytest.mark.parametrize("prompt", [[5], [2, 7, 1, 0, 3, 2, 7, 1], list(range(12)) * 2])
 def test_greedy_equals_target_greedy(k, prompt, lean):
     """One sequence and a batch whose rows look up different lengths (each row feeds its own
-    drafts only; the rest of the round's width are holes), on the lean path and transformers'."""
+    drafts only; the rest of the round's width are holes), on the lean path (fp32 and 8-bit
+    activations) and transformers'."""
     target = tiny_llama(10, vocab=16, context=128)
     expected = generate_autoregressive(target, prompt, max_new_tokens=40, temperature=0.0, eos_token_id=NO_EOS,
                                        lean=lean).tokens

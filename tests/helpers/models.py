@@ -15,6 +15,7 @@ from specdec_fast.decoding import batch_generate
 from specdec_fast.drafts.feature import FeatureDraft
 from specdec_fast.kernels import warp_logits
 from specdec_fast.kernels.linear import quantize_int8
+from specdec_fast.models.lean import LeanLM
 
 PROMPT = [3, 1, 4, 1]
 NO_EOS = ()
@@ -48,12 +49,17 @@ def with_weights_read_as(model, precision: str):
     return twin
 
 
+def gguf_quantized(weight: torch.Tensor, qtype: str):
+    """``weight`` [N, K] quantised to ggml ``qtype`` ("Q4_1", "Q8_0") by the gguf package: the bytes
+    of a GGUF file's tensor (numpy uint8, [N, bytes per row])."""
+    return gguf.quants.quantize(weight.detach().float().numpy(), GGMLQuantizationType[qtype])
+
+
 def gguf_roundtrip(weight: torch.Tensor, qtype: str) -> torch.Tensor:
-    """``weight`` [N, K] quantised to ggml ``qtype`` ("Q4_1", "Q8_0") and dequantised by the gguf
-    package: the fp32 values a GGUF loader gives a model stored in that format."""
+    """``weight`` [N, K] quantised to ggml ``qtype`` and dequantised by the gguf package: the fp32
+    values a GGUF loader gives a model stored in that format."""
     kind = GGMLQuantizationType[qtype]
-    data = weight.detach().float().numpy()
-    return torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(data, kind), kind).reshape(data.shape).copy())
+    return torch.from_numpy(gguf.quants.dequantize(gguf_quantized(weight, qtype), kind).reshape(weight.shape).copy())
 
 
 def as_gguf(model, qtype: str):
@@ -65,6 +71,18 @@ def as_gguf(model, qtype: str):
             if isinstance(module, torch.nn.Linear):
                 module.weight.copy_(gguf_roundtrip(module.weight, qtype))
     return twin
+
+
+class LeanForward:
+    """``model`` as the lean path computes it at ``precision``, called like a transformers model on
+    prefixes [n, L] (the logits of each prefix's last token, [n, 1, V]): exact_joint's model for a
+    precision that only the lean path has ("q8")."""
+
+    def __init__(self, model, precision: str):
+        self.model, self.precision, self.config = model, precision, model.config
+
+    def __call__(self, prefixes: torch.Tensor) -> SimpleNamespace:
+        return SimpleNamespace(logits=torch.stack([LeanLM(self.model, self.precision).extend(p, 1) for p in prefixes]))
 
 
 def exact_joint(model, prompt, n_tokens, temperature, top_k, top_p) -> torch.Tensor:

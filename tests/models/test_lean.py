@@ -32,7 +32,7 @@ def ids(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8", "q8"])
 def test_cpu_kernel_matches_the_reference(model, precision):
     """Two rows at different positions in one pass, one token a sibling (a slot past its position):
     hidden states, logits and the cache agree."""
@@ -47,7 +47,7 @@ def test_cpu_kernel_matches_the_reference(model, precision):
     for backend in ("cpu", "torch"):
         cache = torch.zeros_like(lean.cache)
         hidden, logits = decoder_pass(x, w.norms, w.weights, w.scales, w.qkv_bias, cos[0], sin[0], rows, positions, slots, cache,
-                                      torch.tensor([4, 8, 2]), w.heads, w.kv_heads, w.eps, backend=backend)
+                                      torch.tensor([4, 8, 2]), w.heads, w.kv_heads, w.eps, w.integer, backend=backend)
         out[backend] = hidden, logits, cache
     for a, b in zip(out["cpu"], out["torch"]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
@@ -65,12 +65,14 @@ def test_lean_logits_match_transformers(model, precision, prompt):
         torch.testing.assert_close(lean.extend(tokens, n), reference.extend(tokens, n), rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("size", [6, 9, 13])
-def test_a_tokens_logits_do_not_depend_on_the_pass_size(model, size):
+@pytest.mark.parametrize("precision", ["fp32", "q8"])
+@pytest.mark.parametrize("size", [6, 9, 13, 16])
+def test_a_tokens_logits_do_not_depend_on_the_pass_size(model, size, precision):
     """The kernel sums every output in one order whatever the number of tokens (and however its
     rows split into tiles; attention over 16 keys at a time or one): the logits of a token are
-    the same bits in a one-token pass as in a verification pass of 6, 9 or 13 tokens."""
-    lean = LeanLM(model)
+    the same bits in a one-token pass as in a verification pass of 6 to 16 tokens, with fp32
+    products and with 8-bit activations."""
+    lean = LeanLM(model, precision)
     lean.extend(ids(37), 1)
     tokens = ids(size, seed=3)
     together = lean.extend(tokens, size)
@@ -108,6 +110,24 @@ def test_a_long_prompt_takes_the_prefill_pass_and_a_row_its_own_bits(model, monk
     short_alone = LeanLM(model, precision)
     short_alone.extend(short, 1)
     assert torch.equal(after[1], short_alone.extend(step, 4))
+
+
+def test_8_bit_activations_take_every_pass_through_the_integer_kernel(model, monkeypatch):
+    """With 8-bit activations no prompt takes prefill_pass (its products are fp32 ones): a long
+    prompt in one pass gives the bits of the same tokens fed in pieces; the logits are near the
+    fp32 model's and not equal to them; the model's fp32 matrices become Q8_0 blocks."""
+    monkeypatch.setattr(lean_module, "prefill_pass", lambda *args: pytest.fail("q8 took the prefill pass"))
+    whole, pieces, fp32 = LeanLM(model, "q8"), LeanLM(model, "q8"), LeanLM(model, "fp32-dense")
+    long = ids(PREFILL_TOKENS + 20, seed=1)
+    together = whole.extend(long, 5)
+    pieces.extend(long[:100], 1)
+    assert torch.equal(pieces.extend(long[100:], 5), together)
+    monkeypatch.undo()
+    reference = fp32.extend(long, 5)
+    assert not torch.equal(together, reference)
+    torch.testing.assert_close(together, reference, rtol=0, atol=0.05 * float(reference.abs().max()))
+    w = whole.lean.w
+    assert w.integer and all(t.dtype == torch.int8 and s.dim() == 2 for t, s in zip(w.weights, w.scales))
 
 
 def test_rollback_and_growth(model):
@@ -168,7 +188,7 @@ def test_which_models_take_the_path(model):
     gelu.config.hidden_act = "gelu"
     assert "hidden_act 'gelu'" in lean_unsupported(gelu)
     assert lean_unsupported(model) is None and lean_precision(model, "auto") == "fp32"
-    assert lean_precision(model, "off") is None and lean_precision(model, "int8") == "int8"
+    assert lean_precision(model, "off") is None and lean_precision(model, "int8") == "int8" and lean_precision(model, "q8") == "q8"
     with pytest.raises(ValueError, match="lean must be one of"):
         lean_precision(model, "fp16")
 

@@ -1,14 +1,15 @@
 """The lean path on the real target, SmolLM2-135M-Instruct: logits against transformers' eager
 forward over a grid of prompt lengths and pass sizes (fp32, and bf16 / int8 against the model
 with the same rounded weights), and greedy decoding equal to transformers' ``generate`` on the
-held-out chat prompts."""
+held-out chat prompts; with 8-bit activations, the checkpoint's own blocks and greedy speculation
+equal to greedy decoding."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from specdec_fast import generate_autoregressive
+from specdec_fast import PromptLookup, fast_generate, generate_autoregressive
 from specdec_fast.data.prompts import heldout_prompts
 from specdec_fast.decoding.requests import chat_prompt_ids
 from specdec_fast.models.cached_lm import HFCachedLM
@@ -72,3 +73,18 @@ def test_the_q4_1_checkpoint_is_read_from_its_blocks_with_the_fp32_bits(smollm2)
     ours, theirs = LeanLM(model), LeanLM(model, "fp32-dense")
     for start, n in ((0, 140), (140, 1), (141, 9)):
         assert torch.equal(ours.extend(text[start: start + n], n), theirs.extend(text[start: start + n], n))
+
+
+def test_8_bit_activations_read_the_checkpoints_blocks_and_keep_greedy_exact(smollm2):
+    """lean="q8" takes the Q4_1 / Q8_0 codes the checkpoint was dequantised from (no second
+    quantisation), and speculative greedy decoding at that precision (a prompt lookup, drafts of
+    up to 8 tokens) equals its own autoregressive greedy decoding, token for token."""
+    model, tokenizer = smollm2
+    blocks, integer = LeanWeights.of(model, "fp32"), LeanWeights.of(model, "q8")
+    assert integer.integer and all(torch.equal(a, b) for a, b in zip(integer.weights + integer.scales, blocks.weights + blocks.scales))
+    for p in heldout_prompts()[1::8]:
+        ids = chat_prompt_ids(tokenizer, p["prompt"])
+        expected = generate_autoregressive(model, ids, max_new_tokens=48, temperature=0.0, lean="q8").tokens
+        ours = fast_generate(model, PromptLookup(), ids, max_new_tokens=48, temperature=0.0, num_draft_tokens=8, lean="q8",
+                             guard=False)
+        assert ours.tokens == expected

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..blocks import is_blocks, unpack_blocks
+from .integer import integer_linear_reference
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -24,10 +25,15 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos[:, None] + torch.cat([-x[..., half:], x[..., :half]], -1) * sin[:, None]
 
 
-def weight_linear(x: Tensor, weight: Tensor, scale: Tensor | None) -> Tensor:
+def weight_linear(x: Tensor, weight: Tensor, scale: Tensor | None, integer: bool = False) -> Tensor:
     """x [M, in] fp32 @ weight [out, in]^T: fp32, bf16 read exactly as fp32, int8 times scale [out],
-    or block weights (kernels/blocks.py) as the fp32 matrix they hold. scale None or empty: none."""
+    or block weights (kernels/blocks.py) as the fp32 matrix they hold, or (integer) against x
+    quantised to 8 bits (kernels/integer.py). scale None or empty: none."""
     scale = scale if scale is not None and scale.numel() else None
+    if integer:
+        if not is_blocks(weight, scale):
+            raise ValueError(f"8-bit activations need block weights, got {weight.dtype} {list(weight.shape)}")
+        return integer_linear_reference(x, weight, scale)
     if is_blocks(weight, scale):
         return F.linear(x, unpack_blocks(weight, scale))
     y = F.linear(x, weight.float())
@@ -36,30 +42,31 @@ def weight_linear(x: Tensor, weight: Tensor, scale: Tensor | None) -> Tensor:
 
 def decoder_layers(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales: list[Tensor],
                    qkv_bias: list[Tensor], cos: Tensor, sin: Tensor, heads: int, kv_heads: int, eps: float,
-                   attend: Callable[[int, Tensor, Tensor, Tensor], Tensor]) -> Tensor:
+                   attend: Callable[[int, Tensor, Tensor, Tensor], Tensor], integer: bool = False) -> Tensor:
     """x [M, d] through every layer (arguments as :func:`decoder_pass_reference` takes them);
     ``attend(layer, q [M, H, hd], k [M, Hkv, hd], v [M, Hkv, hd])`` stores the keys and values and
     returns the attention output [M, H, hd]. Returns the hidden states [M, d] after the final norm."""
     layers, hd = (len(norms) - 1) // 2, cos.shape[-1]
-    scale = (lambda i: scales[i]) if scales else (lambda i: None)
+    def linear(x: Tensor, i: int) -> Tensor:
+        return weight_linear(x, weights[i], scales[i] if scales else None, integer)
+
     for layer in range(layers):
-        w = weights[4 * layer: 4 * layer + 4]
-        qkv = weight_linear(rms_norm(x, norms[2 * layer], eps), w[0], scale(4 * layer))
+        qkv = linear(rms_norm(x, norms[2 * layer], eps), 4 * layer)
         if qkv_bias:
             qkv = qkv + qkv_bias[layer]
         qkv = qkv.view(len(x), heads + 2 * kv_heads, hd)
         q, k = rotate(qkv[:, :heads], cos, sin), rotate(qkv[:, heads: heads + kv_heads], cos, sin)
         attn = attend(layer, q, k, qkv[:, heads + kv_heads:])
-        x = x + weight_linear(attn.reshape(len(x), -1), w[1], scale(4 * layer + 1))
-        gate, up = weight_linear(rms_norm(x, norms[2 * layer + 1], eps), w[2], scale(4 * layer + 2)).chunk(2, -1)
-        x = x + weight_linear(F.silu(gate) * up, w[3], scale(4 * layer + 3))
+        x = x + linear(attn.reshape(len(x), -1), 4 * layer + 1)
+        gate, up = linear(rms_norm(x, norms[2 * layer + 1], eps), 4 * layer + 2).chunk(2, -1)
+        x = x + linear(F.silu(gate) * up, 4 * layer + 3)
     return rms_norm(x, norms[-1], eps)
 
 
 def decoder_pass_reference(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales: list[Tensor],
                            qkv_bias: list[Tensor], cos: Tensor, sin: Tensor, rows: Tensor, positions: Tensor,
                            slots: Tensor, cache: Tensor, logit_rows: Tensor, heads: int, kv_heads: int,
-                           eps: float) -> tuple[Tensor, Tensor]:
+                           eps: float, integer: bool = False) -> tuple[Tensor, Tensor]:
     """One pass over M tokens (see :func:`specdec_fast.kernels.decoder.decoder_pass` for the
     arguments): writes the tokens' keys and values to ``cache`` and returns (hidden [M, d] after
     the final norm, logits [R, V] of hidden[logit_rows])."""
@@ -75,5 +82,5 @@ def decoder_pass_reference(x: Tensor, norms: list[Tensor], weights: list[Tensor]
             attn[m] = F.scaled_dot_product_attention(q[m][:, None], keys, values)[:, 0]
         return attn
 
-    hidden = decoder_layers(x, norms, weights, scales, qkv_bias, cos, sin, heads, kv_heads, eps, attend)
-    return hidden, weight_linear(hidden[logit_rows], weights[-1], scales[-1] if scales else None)
+    hidden = decoder_layers(x, norms, weights, scales, qkv_bias, cos, sin, heads, kv_heads, eps, attend, integer)
+    return hidden, weight_linear(hidden[logit_rows], weights[-1], scales[-1] if scales else None, integer)
