@@ -1,8 +1,9 @@
 // y = x w^T in integers: x quantised to 8 bits per block of 32, w in Q4_1 or Q8_0 blocks
-// (skinny_linear.h), integer dot products per block, the block scales applied in fp32. Four
-// times the multiplies per instruction of fp32 FMA on AVX2, and no weight converted to fp32.
+// (skinny_linear.h), integer dot products per block, the block scales applied in fp32: four
+// times the multiplies per instruction of fp32 FMA on AVX2, no weight converted to fp32, but
+// float work per (token, block) that the fp32 path shares among tokens (docs/integer.md).
 //
-// The arithmetic (what csrc/.. kernels of every ISA and the torch reference compute, bit for bit):
+// The arithmetic (what this kernel computes on every ISA, and the torch reference, bit for bit):
 //
 //   - a row of x is quantised per block of 32: d = max|x| / 127, q = round-half-even(x / d)
 //     clamped to -127..127 (0 where d = 0), s = d * sum(q);
@@ -71,8 +72,8 @@ inline void quantize_row(const float* x_m, int64_t m, const QuantizedRows& out) 
   }
 }
 
-// One weight block's codes (load(codes, block)), ready for dot products with activation blocks: Q4_1's 4-bit codes
-// unpacked to bytes 0..15 in element order, Q8_0's int8 codes as they are.
+// One weight block's codes (load(codes, block)), ready for dot products with activation blocks:
+// Q4_1's 4-bit codes unpacked to bytes 0..15 in element order, Q8_0's int8 codes as they are.
 #if defined(__AVX2__)
 template <BlockFormat F>
 struct CodeBlock;
