@@ -45,6 +45,12 @@ OURS = ("autoregressive", "autoregressive (A/A)", "feature draft", "prompt looku
 HYBRIDS = ("hybrid", "hybrid (rule)")
 
 
+def peer_file(lean: str) -> str:
+    """The GGUF llama.cpp runs beside ours at ``lean``: the same numbers ("F32", a conversion of the
+    checkpoint), or with 8-bit activations the shipped Q4_1 file itself (llama.cpp's own integer arithmetic)."""
+    return "Q4_1" if lean == "q8" else "F32"
+
+
 def _engines(max_new_tokens: int, lean: str, peers: bool = True) -> dict:
     """(name -> run(ids, temperature) -> (new tokens, target passes or None, seconds of the prompt pass
     or None), the tokenizer), on SmolLM2-135M-Instruct, ours on the target's path at ``lean``;
@@ -79,8 +85,8 @@ def _engines(max_new_tokens: int, lean: str, peers: bool = True) -> dict:
 
     others = {}
     if peers and peer_missing() is None:  # the [peer] extra: llama.cpp on a GGUF of the same numbers
-        kind = "Q4_1" if lean == "q8" else "F32"  # 8-bit activations: llama.cpp's own arithmetic on the shipped file
-        gguf, threads = gguf_path() if lean == "q8" else gguf_file(smollm2_path(), "F32"), torch.get_num_threads()
+        kind, threads = peer_file(lean), torch.get_num_threads()
+        gguf = gguf_path() if kind == "Q4_1" else gguf_file(smollm2_path(), kind)
         others = {f"llama.cpp ({kind})": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT)),
                   f"llama.cpp prompt lookup ({kind})": llama_cpp(LlamaCppPeer(gguf, threads, CONTEXT, lookup_tokens=10))}
     if peers:
@@ -187,8 +193,8 @@ def summary(data: dict) -> list[list]:
     after = {(r["category"], r["temperature"], r["engine"]): r.get("after_prompt_vs_autoregressive") for r in data["rows"]}
     for c, t in dict.fromkeys((r["category"], r["temperature"]) for r in data["rows"]):
         best = max(paired[c, t, "feature draft"], paired[c, t, "prompt lookup"])
-        lookups = ("transformers prompt lookup", "llama.cpp prompt lookup (F32)", "llama.cpp prompt lookup (Q4_1)")
-        peers = [paired.get((c, t, name)) for name in lookups[:1]] + [next(filter(None, (paired.get((c, t, n)) for n in lookups[1:])), None)]
+        lookups = ("transformers prompt lookup", f"llama.cpp prompt lookup ({peer_file(data['settings'].get('lean', 'auto'))})")
+        peers = [paired.get((c, t, name)) for name in lookups]
         for hybrid in HYBRIDS:
             if (c, t, hybrid) in paired:
                 h = paired[c, t, hybrid]

@@ -89,16 +89,23 @@ def pack_blocks(weight: Tensor) -> tuple[Tensor, Tensor] | None:
     return None
 
 
+def block_codes(codes: Tensor) -> Tensor:
+    """Block codes -> their integer values [N, K / 32, 32] (int16) in element order: Q4_1 (uint8
+    [N, K / 2], byte j of a block holding elements j and j + 16) as 0..15, Q8_0 (int8 [N, K]) as they are."""
+    if codes.dtype == torch.uint8:
+        halves = codes.reshape(len(codes), -1, BLOCK // 2)
+        return torch.cat([halves & 15, halves >> 4], -1).to(torch.int16)
+    return codes.reshape(len(codes), -1, BLOCK).to(torch.int16)
+
+
 def unpack_blocks(codes: Tensor, scale: Tensor) -> Tensor:
     """The fp32 matrix [N, K] of block weights (the reference of the kernel's dequantisation):
     Q4_1 (uint8 codes) ``d * q + m``, Q8_0 (int8 codes) ``d * q``. ``d * q`` is exact in fp32 (an
     fp16 d times a 4- or 8-bit code), so each value has the one rounding of the GGUF loaders."""
-    rows = codes.shape[0]
+    q = block_codes(codes).float()
     if codes.dtype == torch.uint8:
-        q = torch.stack([codes.view(-1, BLOCK // 2) & 15, codes.view(-1, BLOCK // 2) >> 4], 1).reshape(-1, BLOCK).float()
-        d, m = scale.reshape(-1, 2).unbind(-1)
-        return (d[:, None] * q + m[:, None]).reshape(rows, -1)
-    return (scale.reshape(-1)[:, None] * codes.reshape(-1, BLOCK).float()).reshape(rows, -1)
+        return (scale[..., 0, None] * q + scale[..., 1, None]).reshape(len(codes), -1)
+    return (scale[..., None] * q).reshape(len(codes), -1)
 
 
 def is_blocks(weight: Tensor, scale: Tensor | None) -> bool:

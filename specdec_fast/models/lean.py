@@ -24,12 +24,12 @@ distribution of that model, exactly, not the fp32 model's.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
 
-from ..kernels.blocks import pack_blocks
+from ..kernels.blocks import is_blocks, pack_blocks
 from ..kernels.decoder import CONVERTED_PREFILL_TOKENS, PREFILL_TOKENS, decoder_pass, prefill_pass
 from ..kernels.integer import quantize_q8_0
 from ..kernels.linear import quantize_int8
@@ -131,6 +131,11 @@ class LeanWeights:
 
     @classmethod
     def _build(cls, model: nn.Module, precision: str) -> "LeanWeights":
+        if precision == "q8":  # the fp32 path's blocks themselves (packed once, held once), other matrices as Q8_0
+            base = cls.of(model, "fp32")
+            scales = base.scales or [None] * len(base.weights)
+            weights, scales = map(list, zip(*((w, s) if is_blocks(w, s) else quantize_q8_0(w) for w, s in zip(base.weights, scales))))
+            return replace(base, weights=[w.contiguous() for w in weights], scales=scales, dense=None, integer=True)
         config, layers = model.config, model.model.layers
         matrices, norms, biases = [], [], []
         for layer in layers:
@@ -153,13 +158,10 @@ class LeanWeights:
             if any(blocks):
                 matrices = [b[0] if b else w for b, w in zip(blocks, matrices)]
                 scales = [b[1] if b else torch.empty(0) for b in blocks]
-        elif precision == "q8":
-            matrices, scales = map(list, zip(*(pack_blocks(w) or quantize_q8_0(w) for w in matrices)))
         heads = config.num_attention_heads
         return cls(model.get_input_embeddings().weight.detach(), norms, [w.contiguous() for w in matrices], scales, dense,
                    biases, heads, config.num_key_value_heads,
-                   getattr(config, "head_dim", None) or config.hidden_size // heads, float(config.rms_norm_eps),
-                   precision == "q8")
+                   getattr(config, "head_dim", None) or config.hidden_size // heads, float(config.rms_norm_eps))
 
 
 _MADE: "weakref.WeakKeyDictionary[nn.Module, dict[str, LeanWeights]]" = weakref.WeakKeyDictionary()

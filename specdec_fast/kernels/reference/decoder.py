@@ -47,6 +47,7 @@ def decoder_layers(x: Tensor, norms: list[Tensor], weights: list[Tensor], scales
     ``attend(layer, q [M, H, hd], k [M, Hkv, hd], v [M, Hkv, hd])`` stores the keys and values and
     returns the attention output [M, H, hd]. Returns the hidden states [M, d] after the final norm."""
     layers, hd = (len(norms) - 1) // 2, cos.shape[-1]
+
     def linear(x: Tensor, i: int) -> Tensor:
         return weight_linear(x, weights[i], scales[i] if scales else None, integer)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-BLOCK = 32
+from ..blocks import BLOCK, block_codes
+
 LANES = 8  # a block's dot product in 8 lanes of 4 consecutive elements
 
 
@@ -23,20 +24,11 @@ def quantize_activations(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return q.to(torch.int8).reshape(x.shape), d, d * q.sum(-1)
 
 
-def weight_codes(codes: Tensor) -> Tensor:
-    """Block codes -> [N, K / 32, 32] int values in element order: Q4_1 (uint8 [N, K / 2], byte j of a
-    block holding elements j and j + 16) as 0..15, Q8_0 (int8 [N, K]) as they are."""
-    if codes.dtype == torch.uint8:
-        halves = codes.reshape(len(codes), -1, BLOCK // 2)
-        return torch.cat([halves & 15, halves >> 4], -1).to(torch.int16)
-    return codes.reshape(len(codes), -1, BLOCK).to(torch.int16)
-
-
 def integer_linear_reference(x: Tensor, codes: Tensor, scale: Tensor) -> Tensor:
     """x [M, K] fp32 against block weights (codes uint8 Q4_1 [N, K / 2] with scale [N, K / 32, 2] (d,
     m), or int8 Q8_0 [N, K] with scale [N, K / 32]) -> y [M, N] fp32, as integer_linear.h computes it."""
     q, dx, sx = quantize_activations(x)
-    w = weight_codes(codes)
+    w = block_codes(codes)
     rows, blocks = len(x), w.shape[1]
     # lanes[b, l] = q (rows, 4) @ w (4, N): the int32 sums, exact in float64
     a = q.reshape(rows, blocks, LANES, 4).permute(1, 2, 0, 3).double()
